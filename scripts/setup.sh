@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# One-time (idempotent, quick when already done) set-up of a Debian 12 machine for ftd:
+#   1. Debian packages: compilers, CMake, gRPC/protobuf, Abseil, prometheus-cpp, SQLite, GoogleTest, CLI11, JSON.
+#   2. A project-local virtual environment (.venv, ignored by git) with LibTorch from PyPI's torch==2.11.0,
+#      and HF transformers + safetensors, which the tests use as references.
+#   3. Configure and build into build/ (FTD_BUILD_DIR to change).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+
+debs=(build-essential cmake ninja-build pkg-config git python3 python3-venv
+      libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
+      prometheus-cpp-dev libsqlite3-dev sqlite3 libgtest-dev libgmock-dev nlohmann-json3-dev libcli11-dev)
+missing=()
+for p in "${debs[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
+if ((${#missing[@]})); then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  sudo_cmd=""; [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+venv=$root/.venv
+stamp=$venv/.ftd-requirements
+if [ ! -f "$stamp" ] || ! cmp -s "$stamp" scripts/requirements.txt; then
+  echo "setup: creating $venv (torch, transformers, safetensors from PyPI; the first time takes a few minutes)"
+  [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --upgrade pip
+  "$venv/bin/python" -m pip install -q -r scripts/requirements.txt
+  cp scripts/requirements.txt "$stamp"
+fi
+
+build=${FTD_BUILD_DIR:-$root/build}
+torch_prefix=$("$venv/bin/python" -c 'import torch; print(torch.utils.cmake_prefix_path)')
+if [ ! -f "$build/CMakeCache.txt" ]; then
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH="$torch_prefix" -DPython3_EXECUTABLE="$venv/bin/python" >/tmp/ftd-configure.log 2>&1 || {
+    cat /tmp/ftd-configure.log >&2; rm -rf "$build"; echo "setup: cmake configure failed (log above)" >&2; exit 1; }
+fi
+cmake --build "$build" -j"$(nproc)"

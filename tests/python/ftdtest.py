@@ -1,0 +1,74 @@
+"""Shared helpers of the Python test suites: paths to the built binaries, tiny HF LLaMA models,
+token files, and running ftd-worker / ftd-parity as real processes."""
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+ROOT = Path(__file__).resolve().parents[2]
+BUILD = Path(os.environ.get("FTD_BUILD_DIR", ROOT / "build"))
+WORKER = BUILD / "worker" / "ftd-worker"
+PARITY = BUILD / "tests" / "ftd-parity"
+
+# Odd sizes, MHA/GQA/MQA, llama3 RoPE scaling with all three frequency bands, tied and untied.
+CONFIGS = {
+    "gqa_llama3_untied": dict(vocab_size=211, hidden_size=72, intermediate_size=200, num_hidden_layers=2,
+                              num_attention_heads=6, num_key_value_heads=2, head_dim=12,
+                              rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                                high_freq_factor=4.0, original_max_position_embeddings=32),
+                              tie_word_embeddings=False),
+    "mha_tied_headdim": dict(vocab_size=97, hidden_size=48, intermediate_size=131, num_hidden_layers=3,
+                             num_attention_heads=4, num_key_value_heads=4, head_dim=16, rms_norm_eps=1e-6,
+                             rope_theta=5000.0, tie_word_embeddings=True),
+    "mqa_llama3_tied": dict(vocab_size=128, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+                            num_attention_heads=8, num_key_value_heads=1,
+                            rope_scaling=dict(rope_type="llama3", factor=4.0, low_freq_factor=1.0,
+                                              high_freq_factor=2.0, original_max_position_embeddings=16),
+                            tie_word_embeddings=True),
+}
+
+
+def make_hf_model(name, out_dir, seed=0):
+    """A random LlamaForCausalLM (fp32) saved as HF safetensors in out_dir."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(seed)
+    kw = dict(CONFIGS[name])
+    kw.setdefault("max_position_embeddings", 256)
+    cfg = LlamaConfig(**kw, attn_implementation="sdpa")
+    model = LlamaForCausalLM(cfg).float().eval()
+    model.save_pretrained(out_dir, safe_serialization=True)
+    return model
+
+
+def write_tokens(path, ids, dtype=np.uint16):
+    np.asarray(ids, dtype=dtype).astype(np.dtype(dtype).newbyteorder("<")).tofile(path)
+
+
+def run_parity(model_dir, input_ids, labels, tmp):
+    batch, out = Path(tmp) / "batch.safetensors", Path(tmp) / "out.safetensors"
+    save_file({"input_ids": input_ids.contiguous(), "labels": labels.contiguous()}, str(batch))
+    subprocess.run([str(PARITY), str(model_dir), str(batch), str(out)], check=True)
+    return load_file(str(out))
+
+
+def run_worker(spec, tmp, *extra, check=True):
+    """Runs `ftd-worker run SPEC` and returns (exit code, step lines, result line, stderr)."""
+    path = Path(tmp) / f"spec-{abs(hash(json.dumps(spec, sort_keys=True)))}.json"
+    path.write_text(json.dumps(spec))
+    p = subprocess.run([str(WORKER), "run", str(path), *extra], capture_output=True, text=True)
+    lines = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
+    steps = [l for l in lines if l["event"] == "step"]
+    result = next((l for l in lines if l["event"] == "result"), None)
+    if check and p.returncode != 0:
+        raise AssertionError(f"ftd-worker exited {p.returncode}: {p.stderr}\n{p.stdout}")
+    return p.returncode, steps, result, p.stderr
+
+
+def max_rel_err(ours, ref):
+    """max |ours - ref| / max |ref| over the tensor (docs/testing.md)."""
+    ours, ref = ours.double(), ref.double()
+    return ((ours - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()

@@ -1,0 +1,143 @@
+"""The training engine end to end through the real ftd-worker binary: the embedded default job
+learns, checkpoints are atomic, load in transformers and resume exactly, bad input is refused
+with the field named."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from ftdtest import CONFIGS, WORKER, make_hf_model, max_rel_err, run_parity, run_worker, write_tokens
+
+torch.set_num_threads(2)
+
+
+def test_embedded_default_job_learns(tmp_path):
+    code, steps, result, _ = run_worker({"model": {"preset": "tiny"}, "steps": 60, "batch_size": 16, "seq_len": 64,
+                                         "optimizer": {"lr": 3e-3}, "device": "cpu"}, tmp_path)
+    assert code == 0 and result["outcome"] == "SUCCEEDED"
+    losses = [s["loss"] for s in steps]
+    assert losses[0] > 3.5                  # ~ln(64): it starts knowing nothing
+    assert losses[-1] < losses[0] - 1.5     # and learns the arithmetic language's structure
+    for s in steps:
+        assert s["tokens"] == 16 * 64 and s["tokens_per_s"] > 0 and s["peak_rss_bytes"] > 0
+
+
+def test_checkpoint_loads_in_transformers_with_same_logits(tmp_path):
+    make_hf_model("gqa_llama3_untied", tmp_path / "m", seed=3)
+    spec = {"model": {"weights_path": str(tmp_path / "m")}, "steps": 4, "batch_size": 2, "seq_len": 16,
+            "optimizer": {"lr": 1e-2}, "device": "cpu", "checkpoint": {"dir": str(tmp_path / "ck"), "every_steps": 2}}
+    _, _, result, _ = run_worker(spec, tmp_path)
+    ck = tmp_path / "ck" / "step-00000004"
+    assert result["last_checkpoint"] == str(ck)
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["step-00000002", "step-00000004"]
+    assert json.loads((ck / "MANIFEST.json").read_text())["step"] == 4
+
+    from transformers import LlamaForCausalLM
+    hf = LlamaForCausalLM.from_pretrained(ck, torch_dtype=torch.float32).eval()
+    trained = dict(hf.named_parameters())
+    before = make_hf_model("gqa_llama3_untied", tmp_path / "m0", seed=3)
+    assert not torch.equal(trained["model.layers.0.self_attn.q_proj.weight"],
+                           dict(before.named_parameters())["model.layers.0.self_attn.q_proj.weight"])
+    ids = torch.randint(0, CONFIGS["gqa_llama3_untied"]["vocab_size"], (2, 11))
+    ours = run_parity(ck, ids, ids.clone(), tmp_path)
+    with torch.no_grad():
+        ref = hf(input_ids=ids).logits
+    assert max_rel_err(ours["logits"], ref) <= 1e-5
+
+
+@pytest.mark.parametrize("accum", [1, 2])
+def test_resume_gives_the_same_later_losses(tmp_path, accum):
+    """fp32 on CPU: resuming from the step-5 checkpoint gives steps 6-10 of the uninterrupted run."""
+    base = {"model": {"preset": "tiny"}, "steps": 10, "batch_size": 4, "seq_len": 32, "grad_accum_steps": accum,
+            "data": {"shuffle": True, "seed": 99}, "schedule": {"kind": "cosine", "warmup_steps": 2},
+            "optimizer": {"lr": 2e-3}, "device": "cpu", "seed": 5}
+    _, full, _, _ = run_worker(base, tmp_path)
+    # The same job with a checkpoint every 5 steps; drop the final one, as if the run had died
+    # after step 7, and resume from step 5.
+    ck = tmp_path / "ck"
+    spec = dict(base, checkpoint={"dir": str(ck), "every_steps": 5})
+    _, part1, r1, _ = run_worker(spec, tmp_path)
+    assert r1["last_checkpoint"].endswith("step-00000010")
+    shutil.rmtree(ck / "step-00000010")
+    _, part2, r2, err = run_worker(spec, tmp_path)
+    assert "resumed from " + str(ck / "step-00000005") in err
+    assert [s["step"] for s in part2] == list(range(6, 11))
+    want = [s["loss"] for s in full]
+    assert [s["loss"] for s in part1] == want   # checkpointing does not perturb the run
+    assert [s["loss"] for s in part2] == pytest.approx(want[5:], rel=1e-6, abs=0)
+    assert r2["last_checkpoint"].endswith("step-00000010")
+
+
+def test_incomplete_checkpoints_are_ignored(tmp_path):
+    base = {"model": {"preset": "tiny"}, "steps": 3, "batch_size": 2, "seq_len": 16, "device": "cpu",
+            "checkpoint": {"dir": str(tmp_path / "ck")}}
+    run_worker(base, tmp_path)
+    ck = tmp_path / "ck"
+    # A crash mid-write leaves a .tmp directory, or a directory whose manifest is missing or lies.
+    shutil.copytree(ck / "step-00000003", ck / "step-00000007.tmp")
+    shutil.copytree(ck / "step-00000003", ck / "step-00000008")
+    (ck / "step-00000008" / "MANIFEST.json").unlink()
+    shutil.copytree(ck / "step-00000003", ck / "step-00000009")
+    with open(ck / "step-00000009" / "model.safetensors", "r+b") as f:
+        f.truncate(100)
+    _, steps, result, err = run_worker(dict(base, steps=5), tmp_path)
+    assert "resumed from " + str(ck / "step-00000003") in err
+    assert [s["step"] for s in steps] == [4, 5]
+
+
+def test_sigterm_checkpoints_and_stops(tmp_path):
+    spec = {"model": {"preset": "tiny"}, "steps": 100000, "batch_size": 2, "seq_len": 16, "device": "cpu",
+            "checkpoint": {"dir": str(tmp_path / "ck")}}
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    p = subprocess.Popen([str(WORKER), "run", str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in p.stdout:  # wait until it is really training
+        if json.loads(line).get("step", 0) >= 3:
+            break
+    p.send_signal(signal.SIGTERM)
+    out, _ = p.communicate(timeout=60)
+    result = [json.loads(l) for l in out.splitlines() if '"result"' in l][-1]
+    assert p.returncode == 5 and result["outcome"] == "CANCELLED"
+    assert Path(result["last_checkpoint"]).joinpath("MANIFEST.json").exists()
+
+
+@pytest.mark.parametrize("spec,needle", [
+    ({"batch_size": 0}, "spec.batch_size must be >= 1 (got 0)"),
+    ({"batchsize": 3}, "batchsize"),
+    ({"optimizer": {"lr": -1}}, "spec.optimizer.lr"),
+    ({"model": {"preset": "gpt2"}}, "spec.model.preset must be one of"),
+    ({"data": {"path": "/nonexistent/tokens.bin"}}, "spec.data.path"),
+    ({"device": "cuda:7"}, "spec.device"),
+])
+def test_bad_specs_are_refused_naming_the_field(tmp_path, spec, needle):
+    code, steps, _, err = run_worker(dict({"device": "cpu", "steps": 2}, **spec), tmp_path, check=False)
+    assert code == 2 and not steps
+    assert needle in err
+
+
+def test_corrupt_weights_are_refused_naming_the_tensor(tmp_path):
+    make_hf_model("mha_tied_headdim", tmp_path / "m")
+    f = tmp_path / "m" / "model.safetensors"
+    size = f.stat().st_size
+    with open(f, "r+b") as fh:
+        fh.truncate(size - 64)  # the last tensor in the buffer loses its tail
+    code, _, result, err = run_worker({"model": {"weights_path": str(tmp_path / "m")}, "device": "cpu",
+                                       "steps": 1, "batch_size": 1, "seq_len": 8}, tmp_path, check=False)
+    assert code == 2 and result["outcome"] == "INVALID_SPEC"
+    assert "truncated" in err and "tensor \"" in err
+
+
+def test_token_files_uint16_and_uint32_train_alike(tmp_path):
+    ids = np.random.default_rng(0).integers(0, 60, size=4000)
+    write_tokens(tmp_path / "t16.bin", ids, np.uint16)
+    write_tokens(tmp_path / "t32.bin", ids, np.uint32)
+    base = {"model": {"preset": "tiny"}, "steps": 3, "batch_size": 2, "seq_len": 16, "device": "cpu"}
+    _, a, _, _ = run_worker(dict(base, data={"path": str(tmp_path / "t16.bin")}), tmp_path)
+    _, b, _, _ = run_worker(dict(base, data={"path": str(tmp_path / "t32.bin"), "token_dtype": "uint32"}), tmp_path)
+    assert [s["loss"] for s in a] == [s["loss"] for s in b]

@@ -1,0 +1,39 @@
+// Atomic, resumable checkpoints (docs/checkpoint-format.md).
+//
+//   <root>/step-00000042/          a complete checkpoint (renamed into place last)
+//     model.safetensors, config.json   HF layout: transformers' from_pretrained loads the directory
+//     optimizer.safetensors            AdamW state under fixed names, and RNG states
+//     trainer_state.json               step, data cursor, shapes the cursor depends on
+//     MANIFEST.json                    written last: format, step, every file and its size
+// Writing goes to step-N.tmp/, fsyncs every file, writes the manifest, renames the directory and
+// fsyncs <root>. A loader takes the newest directory whose manifest is present and whose files
+// have the sizes it lists; anything else (a crash mid-write) is ignored.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "worker/engine/model.h"
+#include "worker/engine/optimizer.h"
+
+namespace ftd::engine {
+
+struct TrainerState {
+  int64_t step = 0;           // optimizer steps completed
+  int64_t micro_batches = 0;  // data cursor: micro-batches consumed
+  int64_t tokens_total = 0;
+  // What the data cursor's meaning depends on; a resume with other values is refused.
+  int64_t batch_size = 0, seq_len = 0;
+  bool shuffle = false;
+  uint64_t data_seed = 0;
+  std::string data_path;
+};
+
+absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const TrainerState& state,
+                                           const LlamaModel& model, const AdamW& opt, int keep_last);
+// The newest complete checkpoint under root, or nullopt if there is none.
+absl::StatusOr<std::optional<std::string>> LatestCheckpoint(const std::string& root);
+absl::Status LoadCheckpoint(const std::string& dir, TrainerState* state, LlamaModel* model, AdamW* opt);
+
+}  // namespace ftd::engine

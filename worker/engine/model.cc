@@ -1,0 +1,202 @@
+#include "worker/engine/model.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <numbers>
+
+#include "absl/strings/str_cat.h"
+#include "worker/engine/safetensors.h"
+#include "worker/engine/torch_util.h"
+
+namespace ftd::engine {
+
+torch::Tensor RopeInvFreq(const LlamaConfig& c) {
+  const int64_t dim = c.head_dim;
+  auto idx = torch::arange(0, dim, 2, torch::kInt64).to(torch::kFloat);
+  auto inv_freq = 1.0 / torch::pow(torch::tensor(c.rope_theta, torch::kFloat), idx / static_cast<double>(dim));
+  if (c.rope_scaling.type != "llama3") return inv_freq;
+  const auto& r = c.rope_scaling;
+  const double old_len = static_cast<double>(r.original_max_position_embeddings);
+  const double low_freq_wavelen = old_len / r.low_freq_factor;
+  const double high_freq_wavelen = old_len / r.high_freq_factor;
+  auto wavelen = 2 * std::numbers::pi / inv_freq;
+  auto llama = torch::where(wavelen > low_freq_wavelen, inv_freq / r.factor, inv_freq);
+  auto smooth = (old_len / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+  auto smoothed = (1 - smooth) * llama / r.factor + smooth * llama;
+  auto medium = torch::logical_not(wavelen < high_freq_wavelen) * torch::logical_not(wavelen > low_freq_wavelen);
+  return torch::where(medium, smoothed, llama);
+}
+
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const LlamaConfig& c, torch::Device device,
+                                                                torch::ScalarType dtype, uint64_t seed) {
+  if (auto s = c.Validate(); !s.ok()) return s;
+  std::unique_ptr<LlamaModel> m(new LlamaModel(c, device, dtype));
+  torch::NoGradGuard no_grad;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  const auto opts = torch::TensorOptions().dtype(dtype).device(device);
+  const double std = c.initializer_range;
+  // Drawn on the CPU in fp32 from one seeded generator (same values on any device), then moved.
+  auto normal = [&](std::vector<int64_t> shape) {
+    return at::normal(0.0, std, shape, gen, torch::TensorOptions().dtype(torch::kFloat)).to(opts);
+  };
+  auto ones = [&](int64_t n) { return torch::ones({n}, opts); };
+  const int64_t h = c.hidden_size, q = c.num_attention_heads * c.head_dim, kv = c.num_key_value_heads * c.head_dim;
+  m->Register("model.embed_tokens.weight", normal({c.vocab_size, h}));
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = absl::StrCat("model.layers.", i, ".");
+    m->Register(p + "self_attn.q_proj.weight", normal({q, h}));
+    m->Register(p + "self_attn.k_proj.weight", normal({kv, h}));
+    m->Register(p + "self_attn.v_proj.weight", normal({kv, h}));
+    m->Register(p + "self_attn.o_proj.weight", normal({h, q}));
+    m->Register(p + "mlp.gate_proj.weight", normal({c.intermediate_size, h}));
+    m->Register(p + "mlp.up_proj.weight", normal({c.intermediate_size, h}));
+    m->Register(p + "mlp.down_proj.weight", normal({h, c.intermediate_size}));
+    m->Register(p + "input_layernorm.weight", ones(h));
+    m->Register(p + "post_attention_layernorm.weight", ones(h));
+  }
+  m->Register("model.norm.weight", ones(h));
+  if (!c.tie_word_embeddings) m->Register("lm_head.weight", normal({c.vocab_size, h}));
+  for (auto& [name, t] : m->params_) t.set_requires_grad(true);
+  // Bind the named tensors to the structure used by the forward pass.
+  auto get = [&](const std::string& name) {
+    for (auto& [n, t] : m->params_) {
+      if (n == name) return t;
+    }
+    return torch::Tensor();
+  };
+  m->embed_ = get("model.embed_tokens.weight");
+  m->final_norm_ = get("model.norm.weight");
+  m->lm_head_ = c.tie_word_embeddings ? m->embed_ : get("lm_head.weight");
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = absl::StrCat("model.layers.", i, ".");
+    m->layers_.push_back(Layer{get(p + "input_layernorm.weight"), get(p + "self_attn.q_proj.weight"),
+                               get(p + "self_attn.k_proj.weight"), get(p + "self_attn.v_proj.weight"),
+                               get(p + "self_attn.o_proj.weight"), get(p + "post_attention_layernorm.weight"),
+                               get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight"),
+                               get(p + "mlp.down_proj.weight")});
+  }
+  m->inv_freq_ = RopeInvFreq(c).to(device);
+  return m;
+}
+
+void LlamaModel::Register(const std::string& name, torch::Tensor t) { params_.emplace_back(name, std::move(t)); }
+
+absl::Status LlamaModel::LoadWeights(const std::string& dir) {
+  auto set = SafetensorsSet::OpenDir(dir);
+  if (!set.ok()) return set.status();
+  torch::NoGradGuard no_grad;
+  for (auto& [name, param] : params_) {
+    auto found = set->Find(name);
+    if (!found.ok()) return absl::NotFoundError(absl::StrCat(dir, ": ", found.status().message()));
+    const auto& [file, info] = *found;
+    auto st = TorchDType(info->dtype);
+    if (!st.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(file->path(), ": tensor \"", name, "\" has dtype ",
+                                                     DTypeName(info->dtype), "; weights must be F32, F16 or BF16"));
+    }
+    if (info->shape != param.sizes().vec()) {
+      return absl::InvalidArgumentError(absl::StrCat(file->path(), ": tensor \"", name, "\" has shape ",
+                                                     ShapeString(info->shape), ", the config needs ",
+                                                     ShapeString(param.sizes().vec())));
+    }
+    auto src = torch::from_blob(const_cast<std::byte*>(file->data(*info)), info->shape,
+                                torch::TensorOptions().dtype(*st));
+    param.copy_(src);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LlamaModel::SaveWeights(const std::string& dir) const {
+  std::vector<torch::Tensor> host;
+  std::vector<TensorToWrite> out;
+  host.reserve(params_.size());
+  for (const auto& [name, t] : params_) {
+    host.push_back(t.detach().to(torch::kCPU).contiguous());
+    auto d = SafetensorsDType(host.back().scalar_type());
+    if (!d.ok()) return d.status();
+    out.push_back({name, *d, host.back().sizes().vec(), host.back().data_ptr()});
+  }
+  if (auto s = WriteSafetensors((std::filesystem::path(dir) / "model.safetensors").string(), out, {{"format", "pt"}});
+      !s.ok()) {
+    return s;
+  }
+  LlamaConfig c = config_;
+  c.torch_dtype = dtype_ == torch::kBFloat16 ? "bfloat16" : dtype_ == torch::kHalf ? "float16" : "float32";
+  return WriteFileSynced((std::filesystem::path(dir) / "config.json").string(), c.ToJson());
+}
+
+std::pair<torch::Tensor, torch::Tensor> LlamaModel::RopeCosSin(int64_t seq_len) {
+  if (rope_len_ != seq_len) {
+    auto pos = torch::arange(seq_len, torch::TensorOptions().dtype(torch::kFloat).device(device_));
+    auto freqs = torch::outer(pos, inv_freq_);             // [T, D/2]
+    auto emb = torch::cat({freqs, freqs}, -1);             // [T, D]
+    cos_ = emb.cos().to(dtype_);
+    sin_ = emb.sin().to(dtype_);
+    rope_len_ = seq_len;
+  }
+  return {cos_, sin_};
+}
+
+namespace {
+
+torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& w, double eps) {
+  auto xf = x.to(torch::kFloat);
+  auto var = xf.pow(2).mean(-1, /*keepdim=*/true);
+  return w * (xf * torch::rsqrt(var + eps)).to(x.scalar_type());
+}
+
+torch::Tensor RotateHalf(const torch::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return torch::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1);
+}
+
+}  // namespace
+
+torch::Tensor LlamaModel::Hidden(const torch::Tensor& ids) {
+  const auto& c = config_;
+  const int64_t B = ids.size(0), T = ids.size(1);
+  auto [cos, sin] = RopeCosSin(T);  // [T, D], broadcast over [B, H, T, D]
+  auto x = torch::embedding(embed_, ids);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+  for (const auto& L : layers_) {
+    auto h = RmsNorm(x, L.input_norm, c.rms_norm_eps);
+    auto q = torch::linear(h, L.q).view({B, T, c.num_attention_heads, c.head_dim}).transpose(1, 2);
+    auto k = torch::linear(h, L.k).view({B, T, c.num_key_value_heads, c.head_dim}).transpose(1, 2);
+    auto v = torch::linear(h, L.v).view({B, T, c.num_key_value_heads, c.head_dim}).transpose(1, 2);
+    q = q * cos + RotateHalf(q) * sin;
+    k = k * cos + RotateHalf(k) * sin;
+    auto a = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/T > 1,
+                                              scale, /*enable_gqa=*/c.num_key_value_heads != c.num_attention_heads);
+    a = a.transpose(1, 2).reshape({B, T, c.num_attention_heads * c.head_dim});
+    x = x + torch::linear(a, L.o);
+    h = RmsNorm(x, L.post_norm, c.rms_norm_eps);
+    x = x + torch::linear(torch::silu(torch::linear(h, L.gate)) * torch::linear(h, L.up), L.down);
+  }
+  return RmsNorm(x, final_norm_, c.rms_norm_eps);
+}
+
+torch::Tensor LlamaModel::Logits(const torch::Tensor& ids) { return torch::linear(Hidden(ids), lm_head_); }
+
+torch::Tensor LlamaModel::LossSum(const torch::Tensor& ids, const torch::Tensor& labels) {
+  auto logits = Logits(ids).to(torch::kFloat);
+  return torch::nn::functional::cross_entropy(
+      logits.view({-1, config_.vocab_size}), labels.reshape({-1}),
+      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(kIgnoreIndex).reduction(torch::kSum));
+}
+
+double LlamaModel::TrainingFlopsPerToken(int64_t seq_len) const {
+  const auto& c = config_;
+  const double q = static_cast<double>(c.num_attention_heads * c.head_dim);
+  const double kv = static_cast<double>(c.num_key_value_heads * c.head_dim);
+  const double h = static_cast<double>(c.hidden_size), f = static_cast<double>(c.intermediate_size);
+  const double matmul_params =
+      static_cast<double>(c.num_hidden_layers) * (h * (q + 2 * kv) + q * h + 3 * h * f) +
+      static_cast<double>(c.vocab_size) * h;
+  // 6 FLOPs per matmul weight per token (forward 2, backward 4), plus causal attention:
+  // QK^T and PV are 2 * 2 * T * q FLOPs per token and layer forward, halved by the causal mask, x3 for training.
+  const double attention = 6.0 * static_cast<double>(c.num_hidden_layers) * q * static_cast<double>(seq_len);
+  return 6.0 * matmul_params + attention;
+}
+
+}  // namespace ftd::engine

@@ -1,0 +1,70 @@
+// The LLaMA model in LibTorch, with HF parameter names, so weights load from and save to HF
+// safetensors. Internal to the engine: includes LibTorch, never protobuf or gRPC.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/engine/llama_config.h"
+
+namespace ftd::engine {
+
+inline constexpr int64_t kIgnoreIndex = -100;
+
+class LlamaModel {
+ public:
+  // Random init as HF does: linear and embedding weights ~ N(0, initializer_range), norms = 1.
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Create(const LlamaConfig& config, torch::Device device,
+                                                            torch::ScalarType dtype, uint64_t seed);
+
+  const LlamaConfig& config() const { return config_; }
+  torch::ScalarType dtype() const { return dtype_; }
+  torch::Device device() const { return device_; }
+
+  // Reads HF safetensors (single file or sharded) into the parameters, converting dtype. Checks
+  // every name and shape; a missing tensor or a shape mismatch names the tensor.
+  absl::Status LoadWeights(const std::string& dir);
+  // Writes dir/model.safetensors and dir/config.json in HF's layout (tied lm_head not stored).
+  absl::Status SaveWeights(const std::string& dir) const;
+
+  // Trainable parameters under their HF names, in a fixed order (a tied lm_head is not listed).
+  const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters() const { return params_; }
+
+  // ids: [B, T] int64 -> logits [B, T, V] in the model's dtype.
+  torch::Tensor Logits(const torch::Tensor& ids);
+  // Sum over non-ignored positions of the next-token cross-entropy (fp32 scalar). labels: [B, T]
+  // int64, already shifted (labels[b, t] is the target after ids[b, t]); kIgnoreIndex skipped.
+  torch::Tensor LossSum(const torch::Tensor& ids, const torch::Tensor& labels);
+
+  // Multiply-accumulate FLOPs of one token's forward+backward (docs/performance.md, MFU).
+  double TrainingFlopsPerToken(int64_t seq_len) const;
+
+ private:
+  struct Layer {
+    torch::Tensor input_norm, q, k, v, o, post_norm, gate, up, down;
+  };
+  LlamaModel(const LlamaConfig& c, torch::Device d, torch::ScalarType t) : config_(c), device_(d), dtype_(t) {}
+  void Register(const std::string& name, torch::Tensor t);
+  std::pair<torch::Tensor, torch::Tensor> RopeCosSin(int64_t seq_len);
+  torch::Tensor Hidden(const torch::Tensor& ids);
+
+  LlamaConfig config_;
+  torch::Device device_;
+  torch::ScalarType dtype_;
+  std::vector<std::pair<std::string, torch::Tensor>> params_;
+  torch::Tensor embed_, final_norm_, lm_head_;
+  std::vector<Layer> layers_;
+  torch::Tensor inv_freq_;  // fp32, [head_dim / 2]
+  int64_t rope_len_ = -1;
+  torch::Tensor cos_, sin_;
+};
+
+// RoPE inverse frequencies, with llama3 scaling when configured (HF's _compute_llama3_parameters).
+torch::Tensor RopeInvFreq(const LlamaConfig& c);
+
+}  // namespace ftd::engine

@@ -1,0 +1,91 @@
+#include "worker/engine/optimizer.h"
+
+namespace ftd::engine {
+
+AdamW::AdamW(const std::vector<std::pair<std::string, torch::Tensor>>& params, const OptimizerConfig& cfg,
+             bool fp32_master)
+    : cfg_(cfg), master_(fp32_master) {
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, p] : params) {
+    Slot s;
+    s.name = name;
+    s.param = p;
+    s.decay = p.dim() >= 2;
+    if (master_) s.master = p.detach().to(torch::kFloat).clone();
+    const auto& ref = master_ ? s.master : p;
+    s.exp_avg = torch::zeros_like(ref);
+    s.exp_avg_sq = torch::zeros_like(ref);
+    s.step = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(p.device()));
+    slots_.push_back(std::move(s));
+  }
+}
+
+std::vector<torch::Tensor> AdamW::Grads() {
+  std::vector<torch::Tensor> g;
+  g.reserve(slots_.size());
+  for (auto& s : slots_) {
+    if (master_) {
+      if (!s.grad32.defined()) s.grad32 = s.param.grad().to(torch::kFloat);
+      g.push_back(s.grad32);
+    } else {
+      g.push_back(s.param.grad());
+    }
+  }
+  return g;
+}
+
+torch::Tensor AdamW::GradNorm() {
+  torch::NoGradGuard no_grad;
+  auto norms = at::_foreach_norm(Grads(), 2, torch::kFloat);
+  return torch::stack(norms).norm();
+}
+
+void AdamW::Clip(const torch::Tensor& norm, double max_norm) {
+  torch::NoGradGuard no_grad;
+  auto coef = torch::clamp_max(max_norm / (norm + 1e-6), 1.0);
+  at::_foreach_mul_(Grads(), coef);
+}
+
+void AdamW::Step(double lr) {
+  torch::NoGradGuard no_grad;
+  auto grads = Grads();
+  for (bool decay : {true, false}) {
+    std::vector<torch::Tensor> p, g, m, v, st;
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      auto& s = slots_[i];
+      if (s.decay != decay) continue;
+      p.push_back(master_ ? s.master : s.param);
+      g.push_back(grads[i]);
+      m.push_back(s.exp_avg);
+      v.push_back(s.exp_avg_sq);
+      st.push_back(s.step);
+    }
+    if (p.empty()) continue;
+    at::_foreach_add_(st, 1);
+    at::_fused_adamw_(p, g, m, v, /*max_exp_avg_sqs=*/{}, st, lr, cfg_.beta1, cfg_.beta2,
+                      decay ? cfg_.weight_decay : 0.0, cfg_.eps, /*amsgrad=*/false, /*maximize=*/false);
+  }
+  if (master_) {
+    for (auto& s : slots_) s.param.copy_(s.master);
+  }
+}
+
+void AdamW::ZeroGrad() {
+  for (auto& s : slots_) {
+    s.param.mutable_grad() = torch::Tensor();
+    s.grad32 = torch::Tensor();
+  }
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> AdamW::State() const {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& s : slots_) {
+    out.emplace_back("exp_avg." + s.name, s.exp_avg);
+    out.emplace_back("exp_avg_sq." + s.name, s.exp_avg_sq);
+    out.emplace_back("step." + s.name, s.step);
+    if (master_) out.emplace_back("master." + s.name, s.master);
+  }
+  return out;
+}
+
+}  // namespace ftd::engine

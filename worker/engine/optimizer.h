@@ -1,0 +1,69 @@
+// AdamW over the model's parameters, through LibTorch's fused kernel (at::_fused_adamw_, the
+// implementation behind torch.optim.AdamW(fused=True), on CUDA and CPU). Decoupled weight decay
+// applies to tensors of rank >= 2 (projections, embeddings); norms' weights are not decayed.
+// Optional fp32 master weights: the step runs on fp32 copies and is written back to bf16.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/engine/train_config.h"
+
+namespace ftd::engine {
+
+class AdamW {
+ public:
+  AdamW(const std::vector<std::pair<std::string, torch::Tensor>>& params, const OptimizerConfig& cfg,
+        bool fp32_master);
+
+  // Global L2 norm of the gradients (fp32 scalar tensor, on the device). Call after backward.
+  torch::Tensor GradNorm();
+  // Scales every gradient by min(1, max_norm / (norm + 1e-6)), as clip_grad_norm_ does.
+  void Clip(const torch::Tensor& norm, double max_norm);
+  void Step(double lr);
+  void ZeroGrad();
+
+  // State under fixed names: "exp_avg.<param>", "exp_avg_sq.<param>", "master.<param>",
+  // "step.<param>" (step counts are fp32 scalars, as torch.optim keeps them).
+  std::vector<std::pair<std::string, torch::Tensor>> State() const;
+  // Restores State(); every name must be present with the same shape.
+  template <typename Lookup>  // Lookup: (const std::string&) -> absl::StatusOr<torch::Tensor>
+  absl::Status LoadState(Lookup&& lookup);
+
+ private:
+  struct Slot {
+    std::string name;
+    torch::Tensor param, master, exp_avg, exp_avg_sq, step, grad32;
+    bool decay = true;
+  };
+  std::vector<torch::Tensor> Grads();
+  OptimizerConfig cfg_;
+  bool master_;
+  std::vector<Slot> slots_;
+};
+
+template <typename Lookup>
+absl::Status AdamW::LoadState(Lookup&& lookup) {
+  torch::NoGradGuard no_grad;
+  for (auto& s : slots_) {
+    std::vector<std::pair<std::string, torch::Tensor*>> want = {
+        {"exp_avg." + s.name, &s.exp_avg}, {"exp_avg_sq." + s.name, &s.exp_avg_sq}, {"step." + s.name, &s.step}};
+    if (master_) want.push_back({"master." + s.name, &s.master});
+    for (auto& [key, dst] : want) {
+      absl::StatusOr<torch::Tensor> t = lookup(key);
+      if (!t.ok()) return t.status();
+      if (t->sizes() != dst->sizes()) {
+        return absl::DataLossError("optimizer state \"" + key + "\" has the wrong shape");
+      }
+      dst->copy_(*t);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ftd::engine

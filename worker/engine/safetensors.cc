@@ -1,0 +1,281 @@
+#include "worker/engine/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace ftd::engine {
+namespace {
+
+using nlohmann::json;
+
+constexpr uint64_t kMaxHeader = 100u << 20;  // the format's own limit on the JSON header
+
+absl::Status Corrupt(const std::string& path, absl::string_view what) {
+  return absl::DataLossError(absl::StrCat(path, ": ", what));
+}
+
+absl::Status WriteAll(int fd, const void* data, size_t n, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return absl::InternalError(absl::StrCat("write ", path, ": ", std::strerror(errno)));
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<DType> DTypeFromName(std::string_view n) {
+  static const std::pair<std::string_view, DType> kNames[] = {
+      {"F64", DType::kF64}, {"F32", DType::kF32}, {"F16", DType::kF16}, {"BF16", DType::kBF16},
+      {"I64", DType::kI64}, {"I32", DType::kI32}, {"I16", DType::kI16}, {"I8", DType::kI8},
+      {"U8", DType::kU8},   {"U16", DType::kU16}, {"U32", DType::kU32}, {"BOOL", DType::kBool}};
+  for (const auto& [name, d] : kNames) {
+    if (name == n) return d;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown dtype \"", std::string(n), "\""));
+}
+
+const char* DTypeName(DType d) {
+  switch (d) {
+    case DType::kF64: return "F64";
+    case DType::kF32: return "F32";
+    case DType::kF16: return "F16";
+    case DType::kBF16: return "BF16";
+    case DType::kI64: return "I64";
+    case DType::kI32: return "I32";
+    case DType::kI16: return "I16";
+    case DType::kI8: return "I8";
+    case DType::kU8: return "U8";
+    case DType::kU16: return "U16";
+    case DType::kU32: return "U32";
+    case DType::kBool: return "BOOL";
+  }
+  return "?";
+}
+
+size_t DTypeSize(DType d) {
+  switch (d) {
+    case DType::kF64: case DType::kI64: return 8;
+    case DType::kF32: case DType::kI32: case DType::kU32: return 4;
+    case DType::kF16: case DType::kBF16: case DType::kI16: case DType::kU16: return 2;
+    case DType::kI8: case DType::kU8: case DType::kBool: return 1;
+  }
+  return 0;
+}
+
+int64_t TensorInfo::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absl::NotFoundError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    return absl::InternalError(absl::StrCat("stat ", path, ": ", std::strerror(errno)));
+  }
+  const auto size = static_cast<uint64_t>(st.st_size);
+  if (size < 8) {
+    ::close(fd);
+    return Corrupt(path, absl::StrCat("truncated: ", size, " bytes, shorter than the 8-byte header length"));
+  }
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (map == MAP_FAILED) return absl::InternalError(absl::StrCat("mmap ", path, ": ", std::strerror(errno)));
+  std::unique_ptr<SafetensorsFile> f(new SafetensorsFile());
+  f->path_ = path;
+  f->map_ = map;
+  f->map_size_ = size;
+  const auto* bytes = static_cast<const std::byte*>(map);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<uint8_t>(bytes[i]);
+  if (n > kMaxHeader) return Corrupt(path, absl::StrCat("header length ", n, " exceeds the 100 MiB limit"));
+  if (n > size - 8) {
+    return Corrupt(path, absl::StrCat("truncated: header length ", n, " but only ", size - 8, " bytes follow"));
+  }
+  f->buffer_ = bytes + 8 + n;
+  const uint64_t buffer_size = size - 8 - n;
+  json header;
+  try {
+    header = json::parse(reinterpret_cast<const char*>(bytes + 8), reinterpret_cast<const char*>(bytes + 8 + n));
+  } catch (const json::exception& e) {
+    return Corrupt(path, absl::StrCat("header is not valid JSON: ", e.what()));
+  }
+  if (!header.is_object()) return Corrupt(path, "header is not a JSON object");
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const std::string& name = it.key();
+    const json& v = it.value();
+    if (name == "__metadata__") {
+      if (!v.is_object()) return Corrupt(path, "__metadata__ is not an object");
+      for (auto m = v.begin(); m != v.end(); ++m) {
+        if (!m.value().is_string()) return Corrupt(path, absl::StrCat("__metadata__.", m.key(), " is not a string"));
+        f->metadata_[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    auto bad = [&](absl::string_view what) { return Corrupt(path, absl::StrCat("tensor \"", name, "\": ", what)); };
+    if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets")) {
+      return bad("entry needs dtype, shape and data_offsets");
+    }
+    TensorInfo t;
+    t.name = name;
+    if (!v["dtype"].is_string()) return bad("dtype is not a string");
+    auto d = DTypeFromName(v["dtype"].get<std::string>());
+    if (!d.ok()) return bad(d.status().message());
+    t.dtype = *d;
+    if (!v["shape"].is_array()) return bad("shape is not an array");
+    for (const auto& dim : v["shape"]) {
+      if (!dim.is_number_unsigned()) return bad("shape holds a value that is not a non-negative integer");
+      t.shape.push_back(dim.get<int64_t>());
+    }
+    const json& off = v["data_offsets"];
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned()) {
+      return bad("data_offsets must be [begin, end]");
+    }
+    t.begin = off[0].get<uint64_t>();
+    t.end = off[1].get<uint64_t>();
+    if (t.end < t.begin) return bad("data_offsets end before begin");
+    if (t.end > buffer_size) {
+      return bad(absl::StrCat("truncated: data ends at byte ", t.end, " of a ", buffer_size, "-byte buffer"));
+    }
+    const uint64_t want = static_cast<uint64_t>(t.numel()) * DTypeSize(t.dtype);
+    if (want != t.end - t.begin) {
+      return bad(absl::StrCat("shape and dtype need ", want, " bytes but data_offsets span ", t.end - t.begin));
+    }
+    f->tensors_.push_back(std::move(t));
+  }
+  std::vector<const TensorInfo*> sorted;
+  for (const auto& t : f->tensors_) sorted.push_back(&t);
+  std::sort(sorted.begin(), sorted.end(), [](auto* a, auto* b) { return a->begin < b->begin; });
+  for (size_t i = 1; i < sorted.size(); ++i) {
+    if (sorted[i]->begin < sorted[i - 1]->end) {
+      return Corrupt(path, absl::StrCat("tensor \"", sorted[i]->name, "\" overlaps \"", sorted[i - 1]->name, "\""));
+    }
+  }
+  return f;
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (map_ != nullptr) ::munmap(map_, map_size_);
+}
+
+const TensorInfo* SafetensorsFile::Find(std::string_view name) const {
+  for (const auto& t : tensors_) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<SafetensorsSet> SafetensorsSet::OpenDir(const std::string& dir) {
+  namespace fs = std::filesystem;
+  SafetensorsSet set;
+  const fs::path index = fs::path(dir) / "model.safetensors.index.json";
+  std::vector<std::string> files;
+  std::error_code ec;
+  if (fs::exists(index, ec)) {
+    std::ifstream in(index);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    json j;
+    try {
+      j = json::parse(ss.str());
+    } catch (const json::exception& e) {
+      return absl::DataLossError(absl::StrCat(index.string(), ": not valid JSON: ", e.what()));
+    }
+    if (!j.contains("weight_map") || !j["weight_map"].is_object()) {
+      return absl::DataLossError(absl::StrCat(index.string(), ": weight_map is missing"));
+    }
+    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+      if (!it.value().is_string()) return absl::DataLossError(absl::StrCat(index.string(), ": weight_map.", it.key(), " is not a file name"));
+      std::string file = it.value().get<std::string>();
+      if (file.find('/') != std::string::npos) {
+        return absl::DataLossError(absl::StrCat(index.string(), ": shard \"", file, "\" must be a plain file name"));
+      }
+      if (std::find(files.begin(), files.end(), file) == files.end()) files.push_back(file);
+    }
+  } else if (fs::exists(fs::path(dir) / "model.safetensors", ec)) {
+    files.push_back("model.safetensors");
+  } else {
+    return absl::NotFoundError(absl::StrCat("no model.safetensors or model.safetensors.index.json in ", dir));
+  }
+  for (const auto& file : files) {
+    auto f = SafetensorsFile::Open((fs::path(dir) / file).string());
+    if (!f.ok()) return f.status();
+    std::shared_ptr<SafetensorsFile> shared = std::move(*f);
+    for (const auto& t : shared->tensors()) {
+      if (!set.index_.emplace(t.name, std::make_pair(shared.get(), &t)).second) {
+        return absl::DataLossError(absl::StrCat("tensor \"", t.name, "\" appears in more than one shard of ", dir));
+      }
+    }
+    set.files_.push_back(std::move(shared));
+  }
+  return set;
+}
+
+absl::StatusOr<std::pair<const SafetensorsFile*, const TensorInfo*>> SafetensorsSet::Find(
+    std::string_view name) const {
+  auto it = index_.find(name);
+  if (it == index_.end()) return absl::NotFoundError(absl::StrCat("tensor \"", std::string(name), "\" is missing from the weights"));
+  return it->second;
+}
+
+std::vector<std::string> SafetensorsSet::names() const {
+  std::vector<std::string> out;
+  for (const auto& [k, v] : index_) out.push_back(k);
+  return out;
+}
+
+absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                              const std::map<std::string, std::string>& metadata) {
+  json header = json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  uint64_t offset = 0;
+  for (const auto& t : tensors) {
+    int64_t numel = 1;
+    for (int64_t d : t.shape) numel *= d;
+    const uint64_t bytes = static_cast<uint64_t>(numel) * DTypeSize(t.dtype);
+    header[t.name] = {{"dtype", DTypeName(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string h = header.dump();
+  h.append((8 - h.size() % 8) % 8, ' ');  // align the buffer to 8 bytes, as the reference writer does
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return absl::InternalError(absl::StrCat("create ", path, ": ", std::strerror(errno)));
+  uint8_t len[8];
+  uint64_t n = h.size();
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(n >> (8 * i));
+  absl::Status s = WriteAll(fd, len, 8, path);
+  if (s.ok()) s = WriteAll(fd, h.data(), h.size(), path);
+  for (const auto& t : tensors) {
+    if (!s.ok()) break;
+    int64_t numel = 1;
+    for (int64_t d : t.shape) numel *= d;
+    s = WriteAll(fd, t.data, static_cast<size_t>(numel) * DTypeSize(t.dtype), path);
+  }
+  if (s.ok() && ::fsync(fd) != 0) s = absl::InternalError(absl::StrCat("fsync ", path, ": ", std::strerror(errno)));
+  if (::close(fd) != 0 && s.ok()) s = absl::InternalError(absl::StrCat("close ", path, ": ", std::strerror(errno)));
+  return s;
+}
+
+}  // namespace ftd::engine

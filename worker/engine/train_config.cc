@@ -1,0 +1,110 @@
+#include "worker/engine/train_config.h"
+
+#include <cmath>
+#include <numbers>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/match.h"
+
+namespace ftd::engine {
+namespace {
+
+absl::Status Invalid(absl::string_view field, absl::string_view rule, absl::string_view got) {
+  return absl::InvalidArgumentError(absl::StrCat("spec.", field, " ", rule, " (got ", got, ")"));
+}
+
+}  // namespace
+
+absl::Status TrainConfig::Validate() const {
+  const int sources = !model.preset.empty() + !model.config_path.empty();
+  if (sources > 1) {
+    return Invalid("model", "takes either preset or config_path, not both",
+                   absl::StrCat("preset=", model.preset, ", config_path=", model.config_path));
+  }
+  if (!model.preset.empty() && model.preset != "llama-3.1-8b" && model.preset != "tiny") {
+    return Invalid("model.preset", "must be one of: llama-3.1-8b, tiny", model.preset);
+  }
+  if (data.token_dtype != "uint16" && data.token_dtype != "uint32") {
+    return Invalid("data.token_dtype", "must be \"uint16\" or \"uint32\"", data.token_dtype);
+  }
+  if (!(optimizer.lr > 0 && std::isfinite(optimizer.lr))) {
+    return Invalid("optimizer.lr", "must be a finite number > 0", absl::StrCat(optimizer.lr));
+  }
+  if (!(optimizer.beta1 >= 0 && optimizer.beta1 < 1)) {
+    return Invalid("optimizer.beta1", "must be in [0, 1)", absl::StrCat(optimizer.beta1));
+  }
+  if (!(optimizer.beta2 >= 0 && optimizer.beta2 < 1)) {
+    return Invalid("optimizer.beta2", "must be in [0, 1)", absl::StrCat(optimizer.beta2));
+  }
+  if (!(optimizer.eps > 0)) {
+    return Invalid("optimizer.eps", "must be > 0", absl::StrCat(optimizer.eps));
+  }
+  if (!(optimizer.weight_decay >= 0 && std::isfinite(optimizer.weight_decay))) {
+    return Invalid("optimizer.weight_decay", "must be >= 0", absl::StrCat(optimizer.weight_decay));
+  }
+  if (!(optimizer.grad_clip >= 0 && std::isfinite(optimizer.grad_clip))) {
+    return Invalid("optimizer.grad_clip", "must be >= 0 (0 disables clipping)",
+                   absl::StrCat(optimizer.grad_clip));
+  }
+  if (schedule.kind != "constant" && schedule.kind != "cosine") {
+    return Invalid("schedule.kind", "must be \"constant\" or \"cosine\"", schedule.kind);
+  }
+  if (schedule.warmup_steps < 0) {
+    return Invalid("schedule.warmup_steps", "must be >= 0", absl::StrCat(schedule.warmup_steps));
+  }
+  if (!(schedule.min_lr_ratio >= 0 && schedule.min_lr_ratio <= 1)) {
+    return Invalid("schedule.min_lr_ratio", "must be in [0, 1]", absl::StrCat(schedule.min_lr_ratio));
+  }
+  if (checkpoint.every_steps < 0) {
+    return Invalid("checkpoint.every_steps", "must be >= 0 (0: only at the end)",
+                   absl::StrCat(checkpoint.every_steps));
+  }
+  if (checkpoint.keep_last < 0) {
+    return Invalid("checkpoint.keep_last", "must be >= 0 (0: keep all)",
+                   absl::StrCat(checkpoint.keep_last));
+  }
+  if (steps < 1) return Invalid("steps", "must be >= 1", absl::StrCat(steps));
+  if (batch_size < 1) return Invalid("batch_size", "must be >= 1", absl::StrCat(batch_size));
+  if (seq_len < 1) return Invalid("seq_len", "must be >= 1", absl::StrCat(seq_len));
+  if (grad_accum_steps < 1) {
+    return Invalid("grad_accum_steps", "must be >= 1", absl::StrCat(grad_accum_steps));
+  }
+  if (log_every < 1) return Invalid("log_every", "must be >= 1", absl::StrCat(log_every));
+  const bool device_ok = device == "auto" || device == "cpu" || device == "cuda" ||
+                         (absl::StartsWith(device, "cuda:") && device.size() > 5 &&
+                          device.find_first_not_of("0123456789", 5) == std::string::npos);
+  if (!device_ok) {
+    return Invalid("device", "must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\"", device);
+  }
+  if (dtype != "auto" && dtype != "bf16" && dtype != "fp32") {
+    return Invalid("dtype", "must be \"auto\", \"bf16\" or \"fp32\"", dtype);
+  }
+  if (fp32_master_weights && dtype == "fp32") {
+    return Invalid("fp32_master_weights", "needs dtype bf16 (fp32 weights are their own master)",
+                   "dtype=fp32");
+  }
+  if (kernel_set != "eager") {
+    return Invalid("kernel_set", "must be \"eager\"", kernel_set);
+  }
+  if (peak_flops.has_value() && !(*peak_flops > 0)) {
+    return Invalid("peak_flops", "must be > 0 FLOP/s (or unset)", absl::StrCat(*peak_flops));
+  }
+  return absl::OkStatus();
+}
+
+double LearningRate(const OptimizerConfig& opt, const ScheduleConfig& sched, int64_t step,
+                    int64_t total_steps) {
+  if (sched.warmup_steps > 0 && step < sched.warmup_steps) {
+    return opt.lr * static_cast<double>(step + 1) / static_cast<double>(sched.warmup_steps);
+  }
+  if (sched.kind == "constant") return opt.lr;
+  const int64_t decay_steps = total_steps - sched.warmup_steps;
+  if (decay_steps <= 1) return opt.lr;
+  const double progress =
+      static_cast<double>(step - sched.warmup_steps) / static_cast<double>(decay_steps - 1);
+  const double cosine = 0.5 * (1.0 + std::cos(std::numbers::pi * std::min(1.0, progress)));
+  return opt.lr * (sched.min_lr_ratio + (1.0 - sched.min_lr_ratio) * cosine);
+}
+
+}  // namespace ftd::engine

@@ -1,0 +1,74 @@
+// Plain training configuration: the engine's view of a TrainSpec (proto/ftd/v1/job_spec.proto),
+// with every default in one place and validated up front. No LibTorch, no protobuf.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace ftd::engine {
+
+struct ModelSource {
+  std::string preset;        // "llama-3.1-8b", "tiny", or empty
+  std::string config_path;   // HF config.json (file or directory), or empty
+  std::string weights_path;  // HF safetensors directory, or empty (random init)
+};
+
+struct DataConfig {
+  std::string path;                // token file; empty = embedded arithmetic dataset
+  std::string token_dtype = "uint16";  // "uint16" | "uint32"
+  bool shuffle = false;
+  uint64_t seed = 1234;
+};
+
+struct OptimizerConfig {
+  double lr = 3e-4;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;  // decoupled; applied to tensors of rank >= 2 only
+  double grad_clip = 1.0;     // max global L2 norm; 0 disables
+};
+
+struct ScheduleConfig {
+  std::string kind = "constant";  // "constant" | "cosine"
+  int64_t warmup_steps = 0;       // steps
+  double min_lr_ratio = 0.1;      // cosine floor as a fraction of lr
+};
+
+struct CheckpointConfig {
+  std::string dir;          // empty: no checkpoints
+  int64_t every_steps = 0;  // steps; 0 = only at the end
+  bool resume = true;
+  int32_t keep_last = 0;    // 0 = keep all
+};
+
+struct TrainConfig {
+  ModelSource model;
+  DataConfig data;
+  OptimizerConfig optimizer;
+  ScheduleConfig schedule;
+  CheckpointConfig checkpoint;
+  int64_t steps = 100;           // optimizer steps
+  int32_t batch_size = 8;        // sequences per micro-batch
+  int32_t seq_len = 128;         // tokens per sequence
+  int32_t grad_accum_steps = 1;  // micro-batches per optimizer step
+  std::string device = "auto";   // "auto" | "cpu" | "cuda" | "cuda:N"
+  std::string dtype = "auto";    // "auto" | "bf16" | "fp32"
+  bool fp32_master_weights = false;
+  uint64_t seed = 0;             // init seed
+  int32_t log_every = 1;         // steps
+  std::string kernel_set = "eager";
+  std::optional<double> peak_flops;  // FLOP/s; unset: looked up from the device name
+
+  // Checks every field; the message names the field (as in the JSON spec) and the fix.
+  absl::Status Validate() const;
+};
+
+// The learning rate at 0-based optimizer step `step` (docs/job-spec.md, "schedule").
+double LearningRate(const OptimizerConfig& opt, const ScheduleConfig& sched, int64_t step,
+                    int64_t total_steps);
+
+}  // namespace ftd::engine

@@ -1,0 +1,263 @@
+// The training loop. Step order (fixed): fetch -> forward/backward per micro-batch (accumulate)
+// -> grad norm -> finite check on loss and grad norm -> clip -> AdamW step -> LR for the next
+// step -> report -> checkpoint.
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cmath>
+
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <torch/cuda.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/match.h"
+#include "worker/engine/checkpoint.h"
+#include "worker/engine/engine.h"
+#include "worker/engine/model.h"
+#include "worker/engine/optimizer.h"
+#include "worker/engine/token_data.h"
+
+namespace ftd::engine {
+
+const char* OutcomeName(Outcome o) {
+  switch (o) {
+    case Outcome::kSucceeded: return "SUCCEEDED";
+    case Outcome::kFailed: return "FAILED";
+    case Outcome::kNonFinite: return "NON_FINITE";
+    case Outcome::kOutOfMemory: return "OUT_OF_MEMORY";
+    case Outcome::kInvalidSpec: return "INVALID_SPEC";
+    case Outcome::kCancelled: return "CANCELLED";
+  }
+  return "FAILED";
+}
+
+int CudaDeviceCount() { return static_cast<int>(torch::cuda::device_count()); }
+
+std::string ResolveDevice(const std::string& requested) {
+  if (requested == "auto") return CudaDeviceCount() > 0 ? "cuda:0" : "cpu";
+  if (requested == "cuda") return "cuda:0";
+  return requested;
+}
+
+namespace {
+
+struct Failure {
+  Outcome outcome;
+  std::string message;
+};
+
+uint64_t PeakRss() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<uint64_t>(ru.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+// Dense bf16 tensor-core peak of the device, for MFU; 0 when unknown (docs/performance.md).
+double PeakFlops(const torch::Device& d) {
+  if (!d.is_cuda()) return 0;
+  const std::string name = at::cuda::getDeviceProperties(d.index())->name;
+  if (absl::StrContains(name, "H100") || absl::StrContains(name, "H200") || absl::StrContains(name, "H800") ||
+      absl::StrContains(name, "GH200")) {
+    return 989.4e12;
+  }
+  if (absl::StrContains(name, "GB300") || absl::StrContains(name, "B300")) return 2.5e15;
+  if (absl::StrContains(name, "GB200") || absl::StrContains(name, "B200")) return 2.25e15;
+  if (absl::StrContains(name, "A100")) return 312e12;
+  return 0;
+}
+
+absl::StatusOr<LlamaConfig> ModelConfigFor(const TrainConfig& cfg, bool cuda) {
+  if (!cfg.model.preset.empty()) return PresetLlamaConfig(cfg.model.preset);
+  if (!cfg.model.config_path.empty()) return LoadLlamaConfig(cfg.model.config_path);
+  if (!cfg.model.weights_path.empty()) return LoadLlamaConfig(cfg.model.weights_path);
+  return PresetLlamaConfig(cuda ? "llama-3.1-8b" : "tiny");
+}
+
+RunSummary Run(const TrainConfig& cfg, const RunHooks& hooks) {
+  RunSummary sum;
+  auto log = [&](std::string_view line) {
+    if (hooks.on_log) hooks.on_log(line);
+  };
+  auto fail = [&](Outcome o, std::string msg) {
+    sum.outcome = o;
+    sum.message = std::move(msg);
+    return sum;
+  };
+  const std::string dev_name = ResolveDevice(cfg.device);
+  torch::Device device(torch::kCPU);
+  try {
+    device = torch::Device(dev_name);
+  } catch (const c10::Error&) {
+    return fail(Outcome::kInvalidSpec, absl::StrCat("spec.device \"", cfg.device, "\" is not a device name"));
+  }
+  if (device.is_cuda() && device.index() >= CudaDeviceCount()) {
+    return fail(Outcome::kInvalidSpec,
+                absl::StrCat("spec.device is \"", cfg.device, "\" but this machine has ", CudaDeviceCount(),
+                             " CUDA devices (use \"auto\" or \"cpu\")"));
+  }
+  if (device.is_cuda()) c10::cuda::set_device(device.index());
+  const bool bf16 = cfg.dtype == "bf16" || (cfg.dtype == "auto" && device.is_cuda());
+  const torch::ScalarType dtype = bf16 ? torch::kBFloat16 : torch::kFloat;
+
+  auto mc = ModelConfigFor(cfg, device.is_cuda());
+  if (!mc.ok()) return fail(Outcome::kInvalidSpec, std::string(mc.status().message()));
+  auto model_or = LlamaModel::Create(*mc, device, dtype, cfg.seed);
+  if (!model_or.ok()) return fail(Outcome::kInvalidSpec, std::string(model_or.status().message()));
+  LlamaModel& model = **model_or;
+  if (!cfg.model.weights_path.empty()) {
+    if (auto s = model.LoadWeights(cfg.model.weights_path); !s.ok()) {
+      return fail(Outcome::kInvalidSpec, absl::StrCat("spec.model.weights_path: ", s.message()));
+    }
+  }
+  auto data_or = TokenData::Open(cfg.data, cfg.seq_len, cfg.batch_size, mc->vocab_size);
+  if (!data_or.ok()) return fail(Outcome::kInvalidSpec, std::string(data_or.status().message()));
+  TokenData& data = **data_or;
+  AdamW opt(model.named_parameters(), cfg.optimizer, cfg.fp32_master_weights);
+
+  TrainerState state;
+  state.batch_size = cfg.batch_size;
+  state.seq_len = cfg.seq_len;
+  state.shuffle = cfg.data.shuffle;
+  state.data_seed = cfg.data.seed;
+  state.data_path = cfg.data.path;
+  if (!cfg.checkpoint.dir.empty() && cfg.checkpoint.resume) {
+    auto latest = LatestCheckpoint(cfg.checkpoint.dir);
+    if (!latest.ok()) return fail(Outcome::kFailed, std::string(latest.status().message()));
+    if (latest->has_value()) {
+      if (auto s = LoadCheckpoint(**latest, &state, &model, &opt); !s.ok()) {
+        return fail(Outcome::kFailed, std::string(s.message()));
+      }
+      sum.last_checkpoint = **latest;
+      log(absl::StrCat("resumed from ", **latest, " at step ", state.step));
+    }
+  }
+  log(absl::StrFormat("model: %.3fB parameters (%d layers, hidden %d, vocab %d), %s on %s; data: %d tokens",
+                      static_cast<double>(mc->NumParameters()) / 1e9, mc->num_hidden_layers, mc->hidden_size,
+                      mc->vocab_size, bf16 ? "bf16" : "fp32", device.str(), data.num_tokens()));
+
+  const double peak = cfg.peak_flops.value_or(PeakFlops(device));
+  const double flops_per_token = model.TrainingFlopsPerToken(cfg.seq_len);
+  const int64_t tokens_per_step = static_cast<int64_t>(cfg.batch_size) * cfg.seq_len * cfg.grad_accum_steps;
+  std::vector<int64_t> host;
+  sum.steps_done = state.step;
+
+  auto checkpoint = [&]() -> absl::Status {
+    if (cfg.checkpoint.dir.empty()) return absl::OkStatus();
+    auto dir = SaveCheckpoint(cfg.checkpoint.dir, state, model, opt, cfg.checkpoint.keep_last);
+    if (!dir.ok()) return dir.status();
+    sum.last_checkpoint = *dir;
+    log(absl::StrCat("checkpoint ", *dir));
+    return absl::OkStatus();
+  };
+
+  for (int64_t step = state.step; step < cfg.steps; ++step) {
+    if (hooks.stop != nullptr && hooks.stop->load()) {
+      if (auto s = checkpoint(); !s.ok()) return fail(Outcome::kFailed, std::string(s.message()));
+      return fail(Outcome::kCancelled, absl::StrCat("stopped on request after step ", state.step));
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+    // Fetch every micro-batch first: the loss is normalised by the step's non-ignored tokens.
+    std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;
+    for (int32_t a = 0; a < cfg.grad_accum_steps; ++a) {
+      if (auto s = data.Batch(state.micro_batches + a, &host); !s.ok()) {
+        return fail(Outcome::kInvalidSpec, std::string(s.message()));
+      }
+      auto cpu = torch::from_blob(host.data(), {cfg.batch_size, cfg.seq_len + 1}, torch::kInt64).clone();
+      auto dev = cpu.to(device);
+      batches.emplace_back(dev.slice(1, 0, cfg.seq_len), dev.slice(1, 1));
+    }
+    torch::Tensor count = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(device));
+    for (auto& [ids, labels] : batches) count += labels.ne(kIgnoreIndex).sum().to(torch::kFloat);
+    count = count.clamp_min(1.0);
+    torch::Tensor loss_acc = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(device));
+    for (auto& [ids, labels] : batches) {
+      auto loss = model.LossSum(ids, labels) / count;
+      loss.backward();
+      loss_acc += loss.detach();
+    }
+    auto norm = opt.GradNorm();
+    auto both = torch::stack({loss_acc, norm}).to(torch::kCPU);
+    const double loss_v = both[0].item<double>(), norm_v = both[1].item<double>();
+    if (!std::isfinite(loss_v) || !std::isfinite(norm_v)) {
+      sum.final_loss = loss_v;
+      return fail(Outcome::kNonFinite, absl::StrCat("non-finite ", std::isfinite(loss_v) ? "gradient norm" : "loss",
+                                                    " at step ", step + 1, " (loss ", loss_v, ", grad norm ", norm_v,
+                                                    "); the update was not applied (lower optimizer.lr or use grad_clip)"));
+    }
+    if (cfg.optimizer.grad_clip > 0) opt.Clip(norm, cfg.optimizer.grad_clip);
+    const double lr = LearningRate(cfg.optimizer, cfg.schedule, step, cfg.steps);
+    opt.Step(lr);
+    opt.ZeroGrad();
+    if (device.is_cuda()) torch::cuda::synchronize(device.index());
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+    state.step = step + 1;
+    state.micro_batches += cfg.grad_accum_steps;
+    state.tokens_total += tokens_per_step;
+    sum.steps_done = state.step;
+    sum.final_loss = loss_v;
+
+    StepMetrics m;
+    m.step = state.step;
+    m.total_steps = cfg.steps;
+    m.loss = loss_v;
+    m.grad_norm = norm_v;
+    m.lr = lr;
+    m.tokens = tokens_per_step;
+    m.tokens_total = state.tokens_total;
+    m.step_time_s = dt;
+    m.tokens_per_s = static_cast<double>(tokens_per_step) / dt;
+    if (device.is_cuda()) {
+      const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+      const auto agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+      m.peak_mem_allocated_bytes = static_cast<uint64_t>(stats.allocated_bytes[agg].peak);
+      m.peak_mem_reserved_bytes = static_cast<uint64_t>(stats.reserved_bytes[agg].peak);
+    }
+    m.peak_rss_bytes = PeakRss();
+    m.mfu = peak > 0 ? flops_per_token * m.tokens_per_s / peak : 0.0;
+    if (hooks.on_step && (state.step % cfg.log_every == 0 || state.step == cfg.steps)) hooks.on_step(m);
+
+    if (cfg.checkpoint.every_steps > 0 && state.step % cfg.checkpoint.every_steps == 0 && state.step < cfg.steps) {
+      if (auto s = checkpoint(); !s.ok()) return fail(Outcome::kFailed, std::string(s.message()));
+    }
+  }
+  if (auto s = checkpoint(); !s.ok()) return fail(Outcome::kFailed, std::string(s.message()));
+  sum.outcome = Outcome::kSucceeded;
+  sum.message = absl::StrCat("trained ", state.step, " steps");
+  return sum;
+}
+
+}  // namespace
+
+RunSummary RunTraining(const TrainConfig& cfg, const RunHooks& hooks) {
+  if (auto s = cfg.Validate(); !s.ok()) {
+    RunSummary sum;
+    sum.outcome = Outcome::kInvalidSpec;
+    sum.message = std::string(s.message());
+    return sum;
+  }
+  try {
+    return Run(cfg, hooks);
+  } catch (const c10::OutOfMemoryError& e) {
+    RunSummary sum;
+    sum.outcome = Outcome::kOutOfMemory;
+    sum.message = absl::StrCat("GPU out of memory: ", e.what_without_backtrace(),
+                               " (lower batch_size or seq_len, or raise grad_accum_steps)");
+    return sum;
+  } catch (const c10::Error& e) {
+    RunSummary sum;
+    sum.outcome = Outcome::kFailed;
+    sum.message = e.what_without_backtrace();
+    return sum;
+  } catch (const std::exception& e) {
+    RunSummary sum;
+    sum.outcome = Outcome::kFailed;
+    sum.message = e.what();
+    return sum;
+  }
+}
+
+}  // namespace ftd::engine

@@ -1,0 +1,160 @@
+// ftd-worker: runs a training job. Standalone mode (`ftd-worker run SPEC.json`) runs a job spec
+// file locally without a daemon and prints one JSON line per reported step, then one result line.
+// Logs go to stderr. Exit codes: 0 succeeded, 1 failed, 2 invalid spec, 3 GPU out of memory,
+// 4 non-finite loss or gradient, 5 stopped by SIGINT/SIGTERM (after checkpointing, if configured).
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "CLI/CLI.hpp"
+#include "nlohmann/json.hpp"
+#include "worker/engine/engine.h"
+#include "worker/spec.h"
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+static_assert(std::atomic<bool>::is_always_lock_free);
+extern "C" void OnSignal(int) { g_stop.store(true); }
+
+int ExitCode(ftd::engine::Outcome o) {
+  using ftd::engine::Outcome;
+  switch (o) {
+    case Outcome::kSucceeded: return 0;
+    case Outcome::kFailed: return 1;
+    case Outcome::kInvalidSpec: return 2;
+    case Outcome::kOutOfMemory: return 3;
+    case Outcome::kNonFinite: return 4;
+    case Outcome::kCancelled: return 5;
+  }
+  return 1;
+}
+
+nlohmann::json StepJson(const ftd::engine::StepMetrics& m) {
+  return {{"event", "step"},
+          {"step", m.step},
+          {"total_steps", m.total_steps},
+          {"loss", m.loss},
+          {"grad_norm", m.grad_norm},
+          {"lr", m.lr},
+          {"tokens", m.tokens},
+          {"tokens_total", m.tokens_total},
+          {"step_time_s", m.step_time_s},
+          {"tokens_per_s", m.tokens_per_s},
+          {"peak_mem_allocated_bytes", m.peak_mem_allocated_bytes},
+          {"peak_mem_reserved_bytes", m.peak_mem_reserved_bytes},
+          {"peak_rss_bytes", m.peak_rss_bytes},
+          {"mfu", m.mfu}};
+}
+
+std::string StepText(const ftd::engine::StepMetrics& m) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "step %5lld/%lld  loss %.4f  grad_norm %.3f  lr %.2e  %.0f tokens/s  step %.3f s  "
+                "gpu peak %.2f GiB alloc / %.2f GiB reserved  rss %.2f GiB  mfu %.1f%%",
+                static_cast<long long>(m.step), static_cast<long long>(m.total_steps), m.loss, m.grad_norm, m.lr,
+                m.tokens_per_s, m.step_time_s, static_cast<double>(m.peak_mem_allocated_bytes) / (1 << 30),
+                static_cast<double>(m.peak_mem_reserved_bytes) / (1 << 30),
+                static_cast<double>(m.peak_rss_bytes) / (1 << 30), 100 * m.mfu);
+  return buf;
+}
+
+int Run(const std::string& spec_path, bool use_default, const std::vector<std::string>& sets, bool text) {
+  ftd::v1::TrainSpec spec;
+  if (use_default || spec_path.empty()) {
+    spec = ftd::worker::DefaultTrainSpec(ftd::engine::CudaDeviceCount() > 0);
+  } else {
+    std::ifstream in(spec_path);
+    if (!in) {
+      std::cerr << "ftd-worker: cannot read spec file " << spec_path << "\n";
+      return 2;
+    }
+    std::stringstream ss;
+    ss << in.rdbuf();
+    auto parsed = ftd::worker::ParseTrainSpecJson(ss.str());
+    if (!parsed.ok()) {
+      std::cerr << "ftd-worker: " << spec_path << ": " << parsed.status().message() << "\n";
+      return 2;
+    }
+    spec = *parsed;
+  }
+  // --set a.b=value overrides, applied through the JSON mapping so they are checked the same way.
+  for (const auto& kv : sets) {
+    const auto eq = kv.find('=');
+    if (eq == std::string::npos) {
+      std::cerr << "ftd-worker: --set takes field=value (got \"" << kv << "\")\n";
+      return 2;
+    }
+    nlohmann::json patch = nlohmann::json::object();
+    nlohmann::json* node = &patch;
+    std::string path = kv.substr(0, eq);
+    for (size_t dot; (dot = path.find('.')) != std::string::npos; path = path.substr(dot + 1)) {
+      node = &(*node)[path.substr(0, dot)];
+    }
+    const std::string value = kv.substr(eq + 1);
+    nlohmann::json v = nlohmann::json::parse(value, nullptr, /*allow_exceptions=*/false);
+    (*node)[path] = v.is_discarded() ? nlohmann::json(value) : v;
+    ftd::v1::TrainSpec overlay;
+    auto parsed = ftd::worker::ParseTrainSpecJson(patch.dump());
+    if (!parsed.ok()) {
+      std::cerr << "ftd-worker: --set " << kv << ": " << parsed.status().message() << "\n";
+      return 2;
+    }
+    spec.MergeFrom(*parsed);
+  }
+  auto config = ftd::worker::ToTrainConfig(spec);
+  if (!config.ok()) {
+    std::cout << nlohmann::json{{"event", "result"}, {"outcome", "INVALID_SPEC"}, {"message", config.status().message()}}
+                     .dump()
+              << std::endl;
+    std::cerr << "ftd-worker: " << config.status().message() << "\n";
+    return 2;
+  }
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+  ftd::engine::RunHooks hooks;
+  hooks.on_step = [text](const ftd::engine::StepMetrics& m) {
+    std::cout << (text ? StepText(m) : StepJson(m).dump()) << std::endl;
+  };
+  hooks.on_log = [](std::string_view line) { std::cerr << "ftd-worker: " << line << std::endl; };
+  hooks.stop = &g_stop;
+  const auto sum = ftd::engine::RunTraining(*config, hooks);
+  std::cout << nlohmann::json{{"event", "result"},
+                              {"outcome", ftd::engine::OutcomeName(sum.outcome)},
+                              {"message", sum.message},
+                              {"steps_done", sum.steps_done},
+                              {"final_loss", sum.final_loss},
+                              {"last_checkpoint", sum.last_checkpoint}}
+                   .dump()
+            << std::endl;
+  if (sum.outcome != ftd::engine::Outcome::kSucceeded) {
+    std::cerr << "ftd-worker: " << ftd::engine::OutcomeName(sum.outcome) << ": " << sum.message << "\n";
+  }
+  return ExitCode(sum.outcome);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ftd-worker: the ftd training engine (LLaMA on LibTorch)"};
+  app.require_subcommand(1);
+  std::string spec_path;
+  bool use_default = false, gpu = false;
+  std::string format = "json";
+  std::vector<std::string> sets;
+  auto* run = app.add_subcommand("run", "Run a job spec file locally and print one JSON line per step");
+  run->add_option("spec", spec_path, "TrainSpec JSON file (docs/job-spec.md)");
+  run->add_flag("--default", use_default, "Run the embedded default job (the same as giving no spec)");
+  run->add_option("--format", format, "json (one object per line) or text")->check(CLI::IsMember({"json", "text"}));
+  run->add_option("--set", sets, "Override a spec field, e.g. --set steps=20 --set optimizer.lr=1e-3");
+  auto* def = app.add_subcommand("default-spec", "Print the embedded default job spec as JSON");
+  def->add_flag("--gpu", gpu, "The GPU variant (the LLaMA-3.1-8B shape)");
+  CLI11_PARSE(app, argc, argv);
+  if (*def) {
+    std::cout << ftd::worker::TrainSpecToJson(ftd::worker::DefaultTrainSpec(gpu)) << std::endl;
+    return 0;
+  }
+  return Run(spec_path, use_default, sets, format == "text");
+}
