@@ -107,6 +107,21 @@ def test_sigterm_checkpoints_and_stops(tmp_path):
     assert Path(result["last_checkpoint"]).joinpath("MANIFEST.json").exists()
 
 
+def test_non_finite_loss_stops_the_run_without_applying_the_update(tmp_path):
+    from safetensors.torch import load_file
+    spec = {"model": {"preset": "tiny"}, "steps": 200, "batch_size": 4, "seq_len": 16, "device": "cpu",
+            "optimizer": {"lr": 1e30, "grad_clip": 0, "weight_decay": 0}, "checkpoint": {"dir": str(tmp_path / "ck")}}
+    code, steps, result, err = run_worker(spec, tmp_path, check=False)
+    assert code == 4 and result["outcome"] == "NON_FINITE"
+    assert "non-finite" in result["message"] and "skipped" in result["message"]
+    assert result["steps_done"] == len(steps) < 200
+    # The last good state was checkpointed, and the failed step's update never reached it.
+    ck = Path(result["last_checkpoint"])
+    assert ck.name == f"step-{result['steps_done']:08d}"
+    weights = load_file(str(ck / "model.safetensors"))
+    assert all(torch.isfinite(t).all() for t in weights.values())
+
+
 @pytest.mark.parametrize("spec,needle", [
     ({"batch_size": 0}, "spec.batch_size must be >= 1 (got 0)"),
     ({"batchsize": 3}, "batchsize"),

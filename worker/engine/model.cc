@@ -33,13 +33,12 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const LlamaConfig
   if (auto s = c.Validate(); !s.ok()) return s;
   std::unique_ptr<LlamaModel> m(new LlamaModel(c, device, dtype));
   torch::NoGradGuard no_grad;
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  // Drawn directly on the device, in the model's dtype, from the device's default generator seeded
+  // with `seed`: deterministic for a given seed and device kind.
+  torch::manual_seed(seed);
   const auto opts = torch::TensorOptions().dtype(dtype).device(device);
   const double std = c.initializer_range;
-  // Drawn on the CPU in fp32 from one seeded generator (same values on any device), then moved.
-  auto normal = [&](std::vector<int64_t> shape) {
-    return at::normal(0.0, std, shape, gen, torch::TensorOptions().dtype(torch::kFloat)).to(opts);
-  };
+  auto normal = [&](std::vector<int64_t> shape) { return torch::empty(shape, opts).normal_(0.0, std); };
   auto ones = [&](int64_t n) { return torch::ones({n}, opts); };
   const int64_t h = c.hidden_size, q = c.num_attention_heads * c.head_dim, kv = c.num_key_value_heads * c.head_dim;
   m->Register("model.embed_tokens.weight", normal({c.vocab_size, h}));

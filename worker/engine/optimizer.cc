@@ -46,7 +46,7 @@ void AdamW::Clip(const torch::Tensor& norm, double max_norm) {
   at::_foreach_mul_(Grads(), coef);
 }
 
-void AdamW::Step(double lr) {
+void AdamW::Step(double lr, const torch::Tensor& found_inf) {
   torch::NoGradGuard no_grad;
   auto grads = Grads();
   for (bool decay : {true, false}) {
@@ -63,7 +63,9 @@ void AdamW::Step(double lr) {
     if (p.empty()) continue;
     at::_foreach_add_(st, 1);
     at::_fused_adamw_(p, g, m, v, /*max_exp_avg_sqs=*/{}, st, lr, cfg_.beta1, cfg_.beta2,
-                      decay ? cfg_.weight_decay : 0.0, cfg_.eps, /*amsgrad=*/false, /*maximize=*/false);
+                      decay ? cfg_.weight_decay : 0.0, cfg_.eps, /*amsgrad=*/false, /*maximize=*/false,
+                      /*grad_scale=*/std::nullopt, found_inf);
+    at::_foreach_sub_(st, std::vector<torch::Tensor>(st.size(), found_inf));
   }
   if (master_) {
     for (auto& s : slots_) s.param.copy_(s.master);

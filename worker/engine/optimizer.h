@@ -25,7 +25,10 @@ class AdamW {
   torch::Tensor GradNorm();
   // Scales every gradient by min(1, max_norm / (norm + 1e-6)), as clip_grad_norm_ does.
   void Clip(const torch::Tensor& norm, double max_norm);
-  void Step(double lr);
+  // found_inf: a fp32 scalar on the device; where it is non-zero the kernel leaves parameters and
+  // moments untouched and the step count is not advanced (the GradScaler mechanism), so a
+  // non-finite step is skipped without a host synchronisation.
+  void Step(double lr, const torch::Tensor& found_inf);
   void ZeroGrad();
 
   // State under fixed names: "exp_avg.<param>", "exp_avg_sq.<param>", "master.<param>",

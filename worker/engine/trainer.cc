@@ -1,6 +1,7 @@
 // The training loop. Step order (fixed): fetch -> forward/backward per micro-batch (accumulate)
-// -> grad norm -> finite check on loss and grad norm -> clip -> AdamW step -> LR for the next
-// step -> report -> checkpoint.
+// -> grad norm -> finite check on loss and grad norm (on the device) -> clip -> AdamW step
+// (skipped when the check failed) -> report -> checkpoint. A failed finite check stops the run
+// after checkpointing the last good state.
 #include <sys/resource.h>
 
 #include <chrono>
@@ -179,18 +180,23 @@ RunSummary Run(const TrainConfig& cfg, const RunHooks& hooks) {
       loss_acc += loss.detach();
     }
     auto norm = opt.GradNorm();
+    // The finite check runs on the device: a non-finite loss or norm skips the update inside the
+    // fused kernel (found_inf), so the host synchronises once per step, after the optimizer's
+    // kernels are queued, rather than between backward and the update.
+    auto found_inf = torch::logical_not(torch::isfinite(loss_acc).logical_and(torch::isfinite(norm))).to(torch::kFloat);
+    if (cfg.optimizer.grad_clip > 0) opt.Clip(norm, cfg.optimizer.grad_clip);
+    const double lr = LearningRate(cfg.optimizer, cfg.schedule, step, cfg.steps);
+    opt.Step(lr, found_inf);
+    opt.ZeroGrad();
     auto both = torch::stack({loss_acc, norm}).to(torch::kCPU);
     const double loss_v = both[0].item<double>(), norm_v = both[1].item<double>();
     if (!std::isfinite(loss_v) || !std::isfinite(norm_v)) {
       sum.final_loss = loss_v;
+      if (auto s = checkpoint(); !s.ok()) return fail(Outcome::kFailed, std::string(s.message()));
       return fail(Outcome::kNonFinite, absl::StrCat("non-finite ", std::isfinite(loss_v) ? "gradient norm" : "loss",
                                                     " at step ", step + 1, " (loss ", loss_v, ", grad norm ", norm_v,
-                                                    "); the update was not applied (lower optimizer.lr or use grad_clip)"));
+                                                    "); the update was skipped (lower optimizer.lr or use grad_clip)"));
     }
-    if (cfg.optimizer.grad_clip > 0) opt.Clip(norm, cfg.optimizer.grad_clip);
-    const double lr = LearningRate(cfg.optimizer, cfg.schedule, step, cfg.steps);
-    opt.Step(lr);
-    opt.ZeroGrad();
     if (device.is_cuda()) torch::cuda::synchronize(device.index());
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 

@@ -1,0 +1,96 @@
+"""End-to-end training benchmark on a GPU: ftd-worker (eager kernel set) against HF transformers
+eager, the LLaMA-3.1-8B shape, same token windows, same hyperparameters, run one after the other
+in the same invocation. Prints a markdown table and writes train_bench.json.
+
+  python3 bench/train_bench.py --worker build-gpu/worker/ftd-worker --out DIR [--shapes 1x512,4x2048,8x2048]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+
+
+def summarize(steps, warmup):
+    meas = steps[warmup:]
+    if not meas:
+        return None
+    return {"tokens_per_s": statistics.median(s["tokens_per_s"] for s in meas),
+            "step_time_s": statistics.median(s["step_time_s"] for s in meas),
+            "peak_alloc_gib": max(s["peak_mem_allocated_bytes"] for s in meas) / 2**30,
+            "peak_reserved_gib": max(s["peak_mem_reserved_bytes"] for s in meas) / 2**30,
+            "mfu": statistics.median(s.get("mfu", 0.0) for s in meas),
+            "loss_first": steps[0]["loss"], "loss_last": steps[-1]["loss"], "measured_steps": len(meas)}
+
+
+def run_ours(worker, tokens, b, t, steps, out_dir, extra):
+    spec = {"model": {"preset": "llama-3.1-8b"}, "data": {"path": str(tokens), "token_dtype": "uint32"},
+            "steps": steps, "batch_size": b, "seq_len": t, "device": "cuda", "dtype": "bf16",
+            "optimizer": {"lr": 1e-5, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1, "grad_clip": 1.0}}
+    spec.update(extra)
+    path = out_dir / f"spec-{b}x{t}.json"
+    path.write_text(json.dumps(spec))
+    p = subprocess.run([str(worker), "run", str(path)], capture_output=True, text=True)
+    lines = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
+    result = next((l for l in lines if l["event"] == "result"), {"outcome": "FAILED", "message": p.stderr[-2000:]})
+    return {"impl": "ftd-eager", "steps": [l for l in lines if l["event"] == "step"], "outcome": result["outcome"],
+            "message": result.get("message", "")}
+
+
+def run_hf(tokens, b, t, steps):
+    p = subprocess.run([sys.executable, str(HERE / "hf_train.py"), "--tokens", str(tokens), "--batch", str(b),
+                        "--seq", str(t), "--steps", str(steps)], capture_output=True, text=True)
+    try:
+        return json.loads(p.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        return {"impl": "hf-eager", "outcome": "FAILED", "message": p.stderr[-2000:], "steps": []}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--worker", required=True)
+    ap.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
+    ap.add_argument("--shapes", default="1x512,4x2048,8x2048")
+    ap.add_argument("--steps", type=int, default=13)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--impls", default="ftd,hf")
+    ap.add_argument("--repeat", type=int, default=1, help="alternate the implementations this many times")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    n = max(b * (t + 1) for b, t in shapes) * (args.steps + 1)
+    tokens = out / "tokens.u32"
+    np.random.default_rng(0).integers(0, 128256, size=n, dtype=np.uint32).astype("<u4").tofile(tokens)
+    rows = []
+    for b, t in shapes:
+        for impl in args.impls.split(",") * args.repeat:
+            r = run_ours(args.worker, tokens, b, t, args.steps, out, {}) if impl == "ftd" else run_hf(tokens, b, t, args.steps)
+            r.update(batch=b, seq=t, summary=summarize(r["steps"], args.warmup) if r["outcome"] == "SUCCEEDED" else None)
+            rows.append(r)
+            print(f"# {r['impl']} {b}x{t}: {r['outcome']} {r.get('message', '')[:300]}", flush=True)
+            print(json.dumps(r["summary"]), flush=True)
+    (out / "train_bench.json").write_text(json.dumps(rows, indent=1))
+    print("\n| shape | impl | tokens/s | vs HF | step (s) | peak alloc (GiB) | peak reserved (GiB) | MFU | loss first -> last |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        s = r["summary"]
+        hf = next((x["summary"] for x in rows if x["impl"] == "hf-eager" and x["batch"] == r["batch"]
+                   and x["seq"] == r["seq"] and x["summary"]), None)
+        if s is None:
+            print(f"| {r['batch']}x{r['seq']} | {r['impl']} | {r['outcome']} | | | | | | |")
+            continue
+        ratio = f"{s['tokens_per_s'] / hf['tokens_per_s']:.3f}" if hf else "-"
+        print(f"| {r['batch']}x{r['seq']} | {r['impl']} | {s['tokens_per_s']:.0f} | {ratio} | {s['step_time_s']:.3f} | "
+              f"{s['peak_alloc_gib']:.1f} | {s['peak_reserved_gib']:.1f} | {100 * s['mfu']:.1f}% | "
+              f"{s['loss_first']:.3f} -> {s['loss_last']:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
