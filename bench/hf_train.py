@@ -3,6 +3,8 @@ attention, torch.optim.AdamW(fused=True)) trained on the same token windows as f
 Prints one JSON object with per-step metrics. Used by bench/train_bench.py."""
 import argparse
 import json
+import os
+import sys
 import time
 
 import numpy as np
@@ -36,6 +38,7 @@ def main():
     w = args.seq + 1
     tokens = np.fromfile(args.tokens, dtype="<u4")
     windows = torch.from_numpy(tokens[: (len(tokens) // w) * w].astype(np.int64)).view(-1, w)
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
     steps = []
     out = {"impl": "hf-eager", "batch": args.batch, "seq": args.seq, "steps": steps}
     try:
@@ -43,15 +46,23 @@ def main():
             torch.cuda.reset_peak_memory_stats()
             t0 = time.perf_counter()
             batch = windows[s * args.batch:(s + 1) * args.batch].cuda(non_blocking=True)
+            ev[0].record()
             logits = model(input_ids=batch[:, :-1]).logits
             loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1))
             loss.backward()
+            ev[1].record()
             norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
+            ev[2].record()
             opt.step()
             opt.zero_grad(set_to_none=True)
+            ev[3].record()
             loss_v, _ = loss.item(), norm.item()
             torch.cuda.synchronize()
             dt = time.perf_counter() - t0
+            if os.environ.get("FTD_PHASE_TIMES"):
+                print(f"hf phases step {s + 1}: forward+backward {ev[0].elapsed_time(ev[1]):.2f} ms, norm+clip "
+                      f"{ev[1].elapsed_time(ev[2]):.2f} ms, optimizer {ev[2].elapsed_time(ev[3]):.2f} ms, "
+                      f"wall {dt * 1e3:.2f} ms", file=sys.stderr, flush=True)
             steps.append({"step": s + 1, "loss": loss_v, "step_time_s": dt, "tokens_per_s": args.batch * args.seq / dt,
                           "peak_mem_allocated_bytes": torch.cuda.max_memory_allocated(),
                           "peak_mem_reserved_bytes": torch.cuda.max_memory_reserved()})

@@ -9,6 +9,7 @@ import json
 import os
 import statistics
 import subprocess
+import tempfile
 import sys
 from pathlib import Path
 
@@ -34,9 +35,10 @@ def run_ours(worker, tokens, b, t, steps, out_dir, extra):
             "steps": steps, "batch_size": b, "seq_len": t, "device": "cuda", "dtype": "bf16",
             "optimizer": {"lr": 1e-5, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1, "grad_clip": 1.0}}
     spec.update(extra)
-    path = out_dir / f"spec-{b}x{t}.json"
+    path = tokens.parent / f"spec-{b}x{t}.json"
     path.write_text(json.dumps(spec))
     p = subprocess.run([str(worker), "run", str(path)], capture_output=True, text=True)
+    sys.stderr.write("".join(l + "\n" for l in p.stderr.splitlines() if "phases" in l))
     lines = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
     result = next((l for l in lines if l["event"] == "result"), {"outcome": "FAILED", "message": p.stderr[-2000:]})
     return {"impl": "ftd-eager", "steps": [l for l in lines if l["event"] == "step"], "outcome": result["outcome"],
@@ -46,6 +48,7 @@ def run_ours(worker, tokens, b, t, steps, out_dir, extra):
 def run_hf(tokens, b, t, steps):
     p = subprocess.run([sys.executable, str(HERE / "hf_train.py"), "--tokens", str(tokens), "--batch", str(b),
                         "--seq", str(t), "--steps", str(steps)], capture_output=True, text=True)
+    sys.stderr.write("".join(l + "\n" for l in p.stderr.splitlines() if "phases" in l))
     try:
         return json.loads(p.stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
@@ -66,7 +69,7 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     n = max(b * (t + 1) for b, t in shapes) * (args.steps + 1)
-    tokens = out / "tokens.u32"
+    tokens = Path(tempfile.mkdtemp(prefix="ftd-bench-")) / "tokens.u32"
     np.random.default_rng(0).integers(0, 128256, size=n, dtype=np.uint32).astype("<u4").tofile(tokens)
     rows = []
     for b, t in shapes:

@@ -36,14 +36,19 @@ std::vector<torch::Tensor> AdamW::Grads() {
 
 torch::Tensor AdamW::GradNorm() {
   torch::NoGradGuard no_grad;
-  auto norms = at::_foreach_norm(Grads(), 2, torch::kFloat);
-  return torch::stack(norms).norm();
+  // Per-tensor norms in the gradients' dtype (accumulated in fp32 inside the kernel), as
+  // clip_grad_norm_ does: asking _foreach_norm for an fp32 result on bf16 inputs, or scaling bf16
+  // gradients by an fp32 scalar tensor, leaves the multi-tensor fast path (measured: norm+clip
+  // took 40 ms instead of 19 ms per step for the 8B shape on an H200). The total is taken in fp32.
+  auto norms = at::_foreach_norm(Grads(), 2);
+  return torch::stack(norms).to(torch::kFloat).norm();
 }
 
 void AdamW::Clip(const torch::Tensor& norm, double max_norm) {
   torch::NoGradGuard no_grad;
-  auto coef = torch::clamp_max(max_norm / (norm + 1e-6), 1.0);
-  at::_foreach_mul_(Grads(), coef);
+  auto grads = Grads();
+  auto coef = torch::clamp_max(max_norm / (norm + 1e-6), 1.0).to(grads.front().scalar_type());
+  at::_foreach_mul_(grads, coef);
 }
 
 void AdamW::Step(double lr, const torch::Tensor& found_inf) {
