@@ -3,7 +3,7 @@
 # machine whose python3 has torch 2.11 (CUDA) and transformers. Debian packages the machine lacks
 # (gRPC, Abseil, prometheus-cpp, GoogleTest, CLI11, JSON) come unpacked from .devdeps/ when present
 # (scripts/fetch-gpu-deps.sh fills it). Results go to $OUT (default: gpu-out/).
-#   scripts/gpu.sh [all|build|test|bench]
+#   scripts/gpu.sh [all|build|test|default|bench]
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -26,6 +26,10 @@ rc=0
 if [ "$what" = all ] || [ "$what" = test ]; then
   (cd "$build" && ctest --output-on-failure -j4 2>&1) > "$out/ctest.log"; rc=$?
   tail -15 "$out/ctest.log"
+fi
+if [ "$what" = all ] || [ "$what" = default ]; then
+  # The README's main job on its embedded default (the 8B shape on a GPU), shortened.
+  "$build/worker/ftd-worker" run --default --format text --set steps=${DEFAULT_STEPS:-10} 2>&1 | tee "$out/default-job.log" | tail -4
 fi
 if [ "$what" = all ] || [ "$what" = bench ]; then
   python3 bench/train_bench.py --worker "$build/worker/ftd-worker" --out "$out" ${BENCH_ARGS:-} 2>&1 | tee "$out/bench.log"

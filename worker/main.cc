@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
 #include "worker/engine/engine.h"
 #include "worker/spec.h"
@@ -50,15 +51,17 @@ nlohmann::json StepJson(const ftd::engine::StepMetrics& m) {
 }
 
 std::string StepText(const ftd::engine::StepMetrics& m) {
-  char buf[256];
-  std::snprintf(buf, sizeof buf,
-                "step %5lld/%lld  loss %.4f  grad_norm %.3f  lr %.2e  %.0f tokens/s  step %.3f s  "
-                "gpu peak %.2f GiB alloc / %.2f GiB reserved  rss %.2f GiB  mfu %.1f%%",
-                static_cast<long long>(m.step), static_cast<long long>(m.total_steps), m.loss, m.grad_norm, m.lr,
-                m.tokens_per_s, m.step_time_s, static_cast<double>(m.peak_mem_allocated_bytes) / (1 << 30),
-                static_cast<double>(m.peak_mem_reserved_bytes) / (1 << 30),
-                static_cast<double>(m.peak_rss_bytes) / (1 << 30), 100 * m.mfu);
-  return buf;
+  constexpr double kGiB = 1 << 30;
+  std::string out = absl::StrFormat("step %5d/%d  loss %.4f  grad_norm %.3f  lr %.2e  %.0f tokens/s  step %.3f s",
+                                    m.step, m.total_steps, m.loss, m.grad_norm, m.lr, m.tokens_per_s, m.step_time_s);
+  if (m.peak_mem_reserved_bytes > 0) {
+    absl::StrAppendFormat(&out, "  gpu peak %.1f GiB alloc / %.1f GiB reserved",
+                          static_cast<double>(m.peak_mem_allocated_bytes) / kGiB,
+                          static_cast<double>(m.peak_mem_reserved_bytes) / kGiB);
+  }
+  absl::StrAppendFormat(&out, "  rss %.2f GiB", static_cast<double>(m.peak_rss_bytes) / kGiB);
+  if (m.mfu > 0) absl::StrAppendFormat(&out, "  mfu %.1f%%", 100 * m.mfu);
+  return out;
 }
 
 int Run(const std::string& spec_path, bool use_default, const std::vector<std::string>& sets, bool text) {

@@ -116,7 +116,7 @@ ftd::v1::TrainSpec DefaultTrainSpec(bool gpu) {
     s.mutable_optimizer()->set_weight_decay(0.0);
   } else {
     // The tiny LLaMA learning the embedded arithmetic language; the loss falls from ~4.2 (uniform
-    // over 64 ids) to about 1.0 in 300 steps.
+    // over 64 ids) to about 1.5 in 300 steps (about 40 s on two cores).
     s.mutable_model()->set_preset("tiny");
     s.set_batch_size(16);
     s.set_seq_len(64);

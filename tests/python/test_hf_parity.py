@@ -105,3 +105,36 @@ def test_ten_adamw_steps_match_transformers(name, accum, clip, kind, tmp_path):
         assert abs(ours[s]["loss"] - total) / total <= 1e-5, (s, ours[s]["loss"], total)
         assert abs(ours[s]["grad_norm"] - norm.item()) / norm.item() <= 1e-4, s
         assert ours[s]["lr"] == pytest.approx(g["lr"], rel=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_sharded_half_precision_checkpoints_load(dtype, tmp_path):
+    """HF weights saved in bf16/fp16 and sharded (model.safetensors.index.json) load into our fp32
+    model exactly: the logits equal HF's on the same (upcast) weights."""
+    model = make_hf_model("gqa_llama3_untied", tmp_path / "full", seed=4)
+    model.to(dtype).save_pretrained(tmp_path / "m", safe_serialization=True, max_shard_size="60KB")
+    assert (tmp_path / "m" / "model.safetensors.index.json").exists()
+    assert len(list((tmp_path / "m").glob("model-*.safetensors"))) > 1
+    model = model.float()  # the same values, upcast
+    ids = torch.randint(0, CONFIGS["gqa_llama3_untied"]["vocab_size"], (2, 9))
+    ours = run_parity(tmp_path / "m", ids, ids.clone(), tmp_path)
+    with torch.no_grad():
+        ref = model(input_ids=ids).logits
+    assert max_rel_err(ours["logits"], ref) <= 1e-5
+
+
+def test_random_init_follows_hf(tmp_path):
+    """Without weights: linear and embedding weights ~ N(0, initializer_range), norm weights 1."""
+    from safetensors.torch import load_file
+    cfg = dict(CONFIGS["gqa_llama3_untied"], initializer_range=0.05, model_type="llama")
+    (tmp_path / "config.json").write_text(__import__("json").dumps(cfg))
+    spec = {"model": {"config_path": str(tmp_path / "config.json")}, "steps": 1, "batch_size": 1, "seq_len": 8,
+            "optimizer": {"lr": 1e-12, "weight_decay": 0.0}, "device": "cpu",
+            "checkpoint": {"dir": str(tmp_path / "ck")}}
+    run_worker(spec, tmp_path)
+    w = load_file(str(tmp_path / "ck" / "step-00000001" / "model.safetensors"))
+    mats = torch.cat([t.flatten() for k, t in w.items() if t.dim() == 2])
+    assert abs(mats.mean().item()) < 2e-3 and mats.std().item() == pytest.approx(0.05, rel=0.02)
+    norms = [t for k, t in w.items() if k.endswith("norm.weight")]
+    assert len(norms) == 2 * cfg["num_hidden_layers"] + 1
+    assert all(torch.allclose(t, torch.ones_like(t), atol=1e-6) for t in norms)
