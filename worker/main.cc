@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
 #include "worker/engine/engine.h"
+#include "worker/agent.h"
 #include "worker/spec.h"
 
 namespace {
@@ -20,18 +21,7 @@ std::atomic<bool> g_stop{false};
 static_assert(std::atomic<bool>::is_always_lock_free);
 extern "C" void OnSignal(int) { g_stop.store(true); }
 
-int ExitCode(ftd::engine::Outcome o) {
-  using ftd::engine::Outcome;
-  switch (o) {
-    case Outcome::kSucceeded: return 0;
-    case Outcome::kFailed: return 1;
-    case Outcome::kInvalidSpec: return 2;
-    case Outcome::kOutOfMemory: return 3;
-    case Outcome::kNonFinite: return 4;
-    case Outcome::kCancelled: return 5;
-  }
-  return 1;
-}
+int ExitCode(ftd::engine::Outcome o) { return ftd::worker::ExitCodeFor(static_cast<int>(o)); }
 
 nlohmann::json StepJson(const ftd::engine::StepMetrics& m) {
   return {{"event", "step"},
@@ -154,7 +144,18 @@ int main(int argc, char** argv) {
   run->add_option("--set", sets, "Override a spec field, e.g. --set steps=20 --set optimizer.lr=1e-3");
   auto* def = app.add_subcommand("default-spec", "Print the embedded default job spec as JSON");
   def->add_flag("--gpu", gpu, "The GPU variant (the LLaMA-3.1-8B shape)");
+  ftd::worker::AgentOptions agent_opts;
+  auto* agent = app.add_subcommand("agent", "Run one job attempt for the ftd daemon (started by ftd, not by hand)");
+  agent->add_option("--address", agent_opts.address, "the daemon's worker socket")->required();
+  agent->add_option("--job", agent_opts.job_id, "job id")->required();
+  agent->add_option("--attempt", agent_opts.attempt, "attempt number")->required();
+  agent->add_option("--token", agent_opts.token, "attempt token")->required();
   CLI11_PARSE(app, argc, argv);
+  if (*agent) {
+    std::signal(SIGINT, OnSignal);
+    std::signal(SIGTERM, OnSignal);
+    return ftd::worker::RunAgent(agent_opts, &g_stop);
+  }
   if (*def) {
     std::cout << ftd::worker::TrainSpecToJson(ftd::worker::DefaultTrainSpec(gpu)) << std::endl;
     return 0;

@@ -94,8 +94,8 @@ ftd::v1::RunResult ToRunResult(const engine::RunSummary& s) {
     case engine::Outcome::kNonFinite: r.set_outcome(ftd::v1::RunResult::NON_FINITE); break;
     case engine::Outcome::kOutOfMemory: r.set_outcome(ftd::v1::RunResult::OUT_OF_MEMORY); break;
     case engine::Outcome::kInvalidSpec: r.set_outcome(ftd::v1::RunResult::INVALID_SPEC); break;
-    case engine::Outcome::kFailed:
-    case engine::Outcome::kCancelled: r.set_outcome(ftd::v1::RunResult::FAILED); break;
+    case engine::Outcome::kFailed: r.set_outcome(ftd::v1::RunResult::FAILED); break;
+    case engine::Outcome::kCancelled: r.set_outcome(ftd::v1::RunResult::CANCELLED); break;
   }
   r.set_message(s.message);
   r.set_steps_done(s.steps_done);

@@ -1,0 +1,165 @@
+// ftd: the fine-tuning job daemon. Serves ftd.v1.JobService and grpc.health.v1 over TCP, the worker
+// protocol over a unix socket in its data directory, and Prometheus metrics over HTTP.
+// SIGTERM/SIGINT drain: running workers are asked to stop (they checkpoint) and their jobs are
+// requeued, within --drain-timeout-s; then the servers stop.
+#include <cuda_runtime_api.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <prometheus/exposer.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <climits>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <thread>
+
+#include "CLI/CLI.hpp"
+#include "server/job_manager.h"
+#include "server/metrics.h"
+#include "server/service.h"
+#include "server/store.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+int DetectGpus() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
+  return n;
+}
+
+std::string DefaultWorkerBinary() {
+  char buf[PATH_MAX];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return "ftd-worker";
+  const fs::path self = fs::path(std::string(buf, static_cast<size_t>(n))).parent_path();
+  for (const fs::path& p : {self / "ftd-worker", self.parent_path() / "worker" / "ftd-worker"}) {
+    if (fs::exists(p)) return p.string();
+  }
+  return "ftd-worker";
+}
+
+std::string DefaultDataDir() {
+  if (const char* x = std::getenv("XDG_STATE_HOME"); x != nullptr && *x != '\0') return std::string(x) + "/ftd";
+  if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0') return std::string(h) + "/.local/state/ftd";
+  return "ftd-data";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ftd: fine-tuning job daemon"};
+  std::string listen = "127.0.0.1:7070", metrics_listen = "127.0.0.1:7071", data_dir = DefaultDataDir();
+  std::string worker = DefaultWorkerBinary(), restart_policy = "requeue";
+  int gpus = -1, max_queued = 1000, max_attempts = 3;
+  double grace_s = 10, heartbeat_s = 30, backoff_s = 2, drain_s = 30;
+  app.add_option("--listen", listen, "gRPC address for clients (host:port)")->capture_default_str();
+  app.add_option("--metrics-listen", metrics_listen, "HTTP address of /metrics (empty: off)")->capture_default_str();
+  app.add_option("--data-dir", data_dir, "SQLite database, worker socket, job logs and checkpoints")->capture_default_str();
+  app.add_option("--worker", worker, "ftd-worker binary")->capture_default_str();
+  app.add_option("--gpus", gpus, "GPU slots (-1: the CUDA device count; 0: one CPU slot)")->capture_default_str();
+  app.add_option("--max-queued", max_queued, "queued jobs beyond which SubmitJob answers RESOURCE_EXHAUSTED")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--max-attempts", max_attempts, "default attempts per job for infrastructure failures")
+      ->check(CLI::Range(1, 20))->capture_default_str();
+  app.add_option("--grace-s", grace_s, "cancel: seconds between SIGTERM and SIGKILL")->capture_default_str();
+  app.add_option("--heartbeat-timeout-s", heartbeat_s, "a worker silent this long is killed (LOST_HEARTBEAT)")
+      ->capture_default_str();
+  app.add_option("--backoff-s", backoff_s, "first retry delay; doubles per attempt, at most 60 s")->capture_default_str();
+  app.add_option("--drain-timeout-s", drain_s, "SIGTERM: how long running workers get to stop")->capture_default_str();
+  app.add_option("--restart-policy", restart_policy, "jobs found RUNNING at start: requeue or fail")
+      ->check(CLI::IsMember({"requeue", "fail"}))->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  // Signals go to one thread (sigwait below); every other thread, and gRPC's, have them blocked.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  std::error_code ec;
+  fs::create_directories(fs::path(data_dir) / "jobs", ec);
+  if (ec) {
+    std::cerr << "ftd: cannot create --data-dir " << data_dir << ": " << ec.message() << "\n";
+    return 1;
+  }
+  data_dir = fs::canonical(data_dir).string();
+  auto store = ftd::server::Store::Open((fs::path(data_dir) / "ftd.db").string());
+  if (!store.ok()) {
+    std::cerr << "ftd: " << store.status().message() << "\n";
+    return 1;
+  }
+  ftd::server::Metrics metrics;
+  std::unique_ptr<prometheus::Exposer> exposer;
+  if (!metrics_listen.empty()) {
+    try {
+      exposer = std::make_unique<prometheus::Exposer>(metrics_listen);
+      exposer->RegisterCollectable(metrics.registry());
+    } catch (const std::exception& e) {
+      std::cerr << "ftd: cannot serve metrics on --metrics-listen " << metrics_listen << ": " << e.what() << "\n";
+      return 1;
+    }
+  }
+  ftd::server::ManagerConfig mc;
+  mc.data_dir = data_dir;
+  mc.worker_binary = worker;
+  const std::string sock = (fs::path(data_dir) / "worker.sock").string();
+  fs::remove(sock, ec);
+  mc.worker_address = "unix:" + sock;
+  mc.gpus = gpus >= 0 ? gpus : DetectGpus();
+  mc.max_queued = max_queued;
+  mc.default_max_attempts = max_attempts;
+  mc.grace_ms = static_cast<int>(grace_s * 1000);
+  mc.heartbeat_timeout_ms = static_cast<int>(heartbeat_s * 1000);
+  mc.backoff_base_ms = static_cast<int>(backoff_s * 1000);
+  mc.requeue_on_restart = restart_policy == "requeue";
+  ftd::server::JobManager manager(mc, store->get(), &metrics);
+
+  std::atomic<bool> stopping{false};
+  ftd::server::JobServiceImpl jobs(&manager, &stopping);
+  ftd::server::WorkerServiceImpl workers(&manager);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder pub;
+  int port = 0;
+  pub.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  pub.RegisterService(&jobs);
+  pub.SetMaxReceiveMessageSize(4 << 20);
+  std::unique_ptr<grpc::Server> server = pub.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    std::cerr << "ftd: cannot listen on --listen " << listen << " (in use, or not host:port)\n";
+    return 1;
+  }
+  grpc::ServerBuilder priv;
+  priv.AddListeningPort(mc.worker_address, grpc::InsecureServerCredentials());
+  priv.RegisterService(&workers);
+  std::unique_ptr<grpc::Server> worker_server = priv.BuildAndStart();
+  if (worker_server == nullptr) {
+    std::cerr << "ftd: cannot listen on " << mc.worker_address << "\n";
+    return 1;
+  }
+  fs::permissions(sock, fs::perms::owner_read | fs::perms::owner_write, ec);
+  if (auto st = manager.Start(); !st.ok()) {
+    std::cerr << "ftd: " << st.message() << "\n";
+    return 1;
+  }
+  std::cerr << "ftd: serving on " << listen << " (port " << port << "), metrics on "
+            << (metrics_listen.empty() ? "(off)" : metrics_listen) << ", " << manager.slots() << " slot(s) ("
+            << (mc.gpus > 0 ? "GPU" : "CPU") << "), data in " << data_dir << std::endl;
+
+  int sig = 0;
+  sigwait(&sigs, &sig);
+  std::cerr << "ftd: signal " << sig << ": draining (up to " << drain_s << " s)" << std::endl;
+  stopping.store(true);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int>(drain_s * 1000));
+  manager.Drain(deadline);
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  worker_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  std::cerr << "ftd: stopped" << std::endl;
+  return 0;
+}

@@ -1,0 +1,95 @@
+#include "server/metrics.h"
+
+#include <cctype>
+
+namespace ftd::server {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+using prometheus::BuildHistogram;
+
+const char* StateLabel(ftd::v1::JobState s) {
+  switch (s) {
+    case ftd::v1::QUEUED: return "queued";
+    case ftd::v1::RUNNING: return "running";
+    case ftd::v1::SUCCEEDED: return "succeeded";
+    case ftd::v1::FAILED: return "failed";
+    case ftd::v1::CANCELLED: return "cancelled";
+    default: return "unknown";
+  }
+}
+
+namespace {
+
+std::string Lower(std::string s) {
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+const char* KindLabel(ftd::v1::JobKind k) { return k == ftd::v1::PROFILE ? "profile" : "finetune"; }
+
+}  // namespace
+
+Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
+  auto& r = *registry_;
+  jobs_ = &BuildGauge().Name("ftd_jobs").Help("Jobs in the store by state").Register(r);
+  submissions_ = &BuildCounter().Name("ftd_job_submissions_total").Help("Jobs accepted by SubmitJob (new jobs only)").Register(r);
+  completions_ = &BuildCounter().Name("ftd_job_completions_total").Help("Jobs that reached a terminal state, by state and outcome reason").Register(r);
+  retries_ = &BuildCounter().Name("ftd_job_retries_total").Help("Attempts requeued after an infrastructure failure, by reason").Register(r);
+  queue_wait_ = &BuildHistogram().Name("ftd_job_queue_wait_seconds").Help("Time from submission (or retry) to a worker starting").Register(r);
+  run_duration_ = &BuildHistogram().Name("ftd_job_run_duration_seconds").Help("Wall time of the last attempt of finished jobs").Register(r);
+  tokens_per_s_ = &BuildGauge().Name("ftd_worker_tokens_per_second").Help("Training throughput of the last step on the slot").Register(r);
+  step_time_ = &BuildGauge().Name("ftd_worker_step_time_seconds").Help("Wall time of the last optimizer step on the slot").Register(r);
+  peak_mem_ = &BuildGauge().Name("ftd_worker_peak_memory_bytes").Help("Peak memory during the last step on the slot (GPU allocated/reserved, host rss)").Register(r);
+  loss_ = &BuildGauge().Name("ftd_worker_loss").Help("Training loss of the last step on the slot").Register(r);
+  mfu_ = &BuildGauge().Name("ftd_worker_mfu_ratio").Help("Model FLOPs utilisation of the last step on the slot (0..1)").Register(r);
+  tokens_ = &BuildCounter().Name("ftd_worker_tokens_total").Help("Tokens trained on the slot").Register(r);
+  steps_ = &BuildCounter().Name("ftd_worker_steps_total").Help("Optimizer steps completed on the slot").Register(r);
+}
+
+void Metrics::JobSubmitted(ftd::v1::JobKind kind) { submissions_->Add({{"kind", KindLabel(kind)}}).Increment(); }
+
+void Metrics::JobsByState(const std::map<ftd::v1::JobState, int64_t>& counts) {
+  for (auto s : {ftd::v1::QUEUED, ftd::v1::RUNNING, ftd::v1::SUCCEEDED, ftd::v1::FAILED, ftd::v1::CANCELLED}) {
+    auto it = counts.find(s);
+    jobs_->Add({{"state", StateLabel(s)}}).Set(it == counts.end() ? 0.0 : static_cast<double>(it->second));
+  }
+}
+
+namespace {
+const prometheus::Histogram::BucketBoundaries& DurationBuckets() {
+  static const prometheus::Histogram::BucketBoundaries b = {0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 24 * 3600};
+  return b;
+}
+}  // namespace
+
+void Metrics::QueueWait(double seconds) { queue_wait_->Add({}, DurationBuckets()).Observe(seconds); }
+
+void Metrics::JobFinished(ftd::v1::JobState state, const std::string& outcome, double run_seconds) {
+  completions_->Add({{"state", StateLabel(state)}, {"outcome", Lower(outcome)}}).Increment();
+  run_duration_->Add({{"state", StateLabel(state)}}, DurationBuckets()).Observe(run_seconds);
+}
+
+void Metrics::Retry(const std::string& reason) { retries_->Add({{"reason", Lower(reason)}}).Increment(); }
+
+void Metrics::Step(const std::string& slot, const std::string& kernel_set, const ftd::v1::StepReport& r) {
+  const std::map<std::string, std::string> l = {{"slot", slot}, {"kernel_set", kernel_set}};
+  tokens_per_s_->Add(l).Set(r.tokens_per_s());
+  step_time_->Add(l).Set(r.step_time_s());
+  loss_->Add(l).Set(r.loss());
+  mfu_->Add(l).Set(r.mfu());
+  tokens_->Add(l).Increment(static_cast<double>(r.tokens()));
+  steps_->Add(l).Increment();
+  peak_mem_->Add({{"slot", slot}, {"kind", "gpu_allocated"}}).Set(static_cast<double>(r.peak_mem_allocated_bytes()));
+  peak_mem_->Add({{"slot", slot}, {"kind", "gpu_reserved"}}).Set(static_cast<double>(r.peak_mem_reserved_bytes()));
+  peak_mem_->Add({{"slot", slot}, {"kind", "host_rss"}}).Set(static_cast<double>(r.peak_rss_bytes()));
+}
+
+void Metrics::SlotIdle(const std::string& slot) {
+  for (const char* ks : {"eager"}) {
+    const std::map<std::string, std::string> l = {{"slot", slot}, {"kernel_set", ks}};
+    tokens_per_s_->Add(l).Set(0);
+  }
+}
+
+}  // namespace ftd::server

@@ -1,0 +1,54 @@
+// Every Prometheus family ftd exports, built in one place (docs/metrics.md is the catalog). Labels
+// come only from closed sets: job state, kind, outcome/reason codes, slot ("gpu:N" or "cpu") and
+// kernel set. No job ids or user names.
+#pragma once
+
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "ftd/v1/jobs.pb.h"
+
+namespace ftd::server {
+
+class Metrics {
+ public:
+  Metrics();
+  std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+
+  void JobSubmitted(ftd::v1::JobKind kind);
+  void JobsByState(const std::map<ftd::v1::JobState, int64_t>& counts);
+  void QueueWait(double seconds);
+  // A job reached a terminal state; outcome is its reason code (SUCCEEDED, GPU_OUT_OF_MEMORY, ...).
+  void JobFinished(ftd::v1::JobState state, const std::string& outcome, double run_seconds);
+  void Retry(const std::string& reason);
+  void Step(const std::string& slot, const std::string& kernel_set, const ftd::v1::StepReport& r);
+  void SlotIdle(const std::string& slot);
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Gauge>* jobs_;
+  prometheus::Family<prometheus::Counter>* submissions_;
+  prometheus::Family<prometheus::Counter>* completions_;
+  prometheus::Family<prometheus::Counter>* retries_;
+  prometheus::Family<prometheus::Histogram>* queue_wait_;
+  prometheus::Family<prometheus::Histogram>* run_duration_;
+  prometheus::Family<prometheus::Gauge>* tokens_per_s_;
+  prometheus::Family<prometheus::Gauge>* step_time_;
+  prometheus::Family<prometheus::Gauge>* peak_mem_;
+  prometheus::Family<prometheus::Gauge>* loss_;
+  prometheus::Family<prometheus::Gauge>* mfu_;
+  prometheus::Family<prometheus::Counter>* tokens_;
+  prometheus::Family<prometheus::Counter>* steps_;
+  std::mutex mu_;
+};
+
+const char* StateLabel(ftd::v1::JobState s);
+
+}  // namespace ftd::server

@@ -1,0 +1,44 @@
+// Thin gRPC handlers over JobManager, and the one map from absl::Status to grpc::Status.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+
+#include "absl/status/status.h"
+#include "ftd/v1/jobs.grpc.pb.h"
+#include "ftd/v1/worker.grpc.pb.h"
+#include "server/job_manager.h"
+
+namespace ftd::server {
+
+// The only place internal errors become gRPC codes (their numeric values agree; the message, which
+// names the field and the fix, passes through unchanged).
+grpc::Status ToGrpc(const absl::Status& s);
+
+class JobServiceImpl final : public ftd::v1::JobService::Service {
+ public:
+  JobServiceImpl(JobManager* m, const std::atomic<bool>* stopping) : m_(m), stopping_(stopping) {}
+  grpc::Status SubmitJob(grpc::ServerContext*, const ftd::v1::SubmitJobRequest*, ftd::v1::SubmitJobResponse*) override;
+  grpc::Status GetJob(grpc::ServerContext*, const ftd::v1::GetJobRequest*, ftd::v1::Job*) override;
+  grpc::Status ListJobs(grpc::ServerContext*, const ftd::v1::ListJobsRequest*, ftd::v1::ListJobsResponse*) override;
+  grpc::Status CancelJob(grpc::ServerContext*, const ftd::v1::CancelJobRequest*, ftd::v1::Job*) override;
+  grpc::Status WatchJob(grpc::ServerContext*, const ftd::v1::WatchJobRequest*,
+                        grpc::ServerWriter<ftd::v1::JobEvent>*) override;
+
+ private:
+  JobManager* m_;
+  const std::atomic<bool>* stopping_;
+};
+
+class WorkerServiceImpl final : public ftd::v1::WorkerService::Service {
+ public:
+  explicit WorkerServiceImpl(JobManager* m) : m_(m) {}
+  grpc::Status GetAssignment(grpc::ServerContext*, const ftd::v1::WorkerHello*, ftd::v1::Assignment*) override;
+  grpc::Status Stream(grpc::ServerContext*, grpc::ServerReader<ftd::v1::WorkerMessage>*, ftd::v1::WorkerAck*) override;
+
+ private:
+  JobManager* m_;
+};
+
+}  // namespace ftd::server

@@ -1,0 +1,137 @@
+#include "worker/agent.h"
+
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <cstdlib>
+#include <iostream>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/str_split.h"
+#include "ftd/v1/worker.grpc.pb.h"
+#include "worker/engine/engine.h"
+#include "worker/spec.h"
+
+namespace ftd::worker {
+
+int ExitCodeFor(int outcome) {
+  switch (static_cast<engine::Outcome>(outcome)) {
+    case engine::Outcome::kSucceeded: return 0;
+    case engine::Outcome::kFailed: return 1;
+    case engine::Outcome::kInvalidSpec: return 2;
+    case engine::Outcome::kOutOfMemory: return 3;
+    case engine::Outcome::kNonFinite: return 4;
+    case engine::Outcome::kCancelled: return 5;
+  }
+  return 1;
+}
+
+namespace {
+
+// Test hook, documented in docs/api.md: FTD_INJECT_FAULT="<job name>=oom[,...]" makes the worker of
+// a job with that name report a GPU out-of-memory exactly as it does when it catches a real one.
+std::string InjectedFault(const std::string& job_name) {
+  const char* env = std::getenv("FTD_INJECT_FAULT");
+  if (env == nullptr || job_name.empty()) return "";
+  for (absl::string_view item : absl::StrSplit(env, ',')) {
+    std::pair<std::string, std::string> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));
+    if (kv.first == job_name) return kv.second;
+  }
+  return "";
+}
+
+}  // namespace
+
+int RunAgent(const AgentOptions& opts, std::atomic<bool>* stop) {
+  auto channel = grpc::CreateChannel(opts.address, grpc::InsecureChannelCredentials());
+  auto stub = ftd::v1::WorkerService::NewStub(channel);
+  ftd::v1::WorkerHello hello;
+  hello.set_job_id(opts.job_id);
+  hello.set_attempt(opts.attempt);
+  hello.set_token(opts.token);
+  hello.set_pid(::getpid());
+  ftd::v1::Assignment assignment;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    ctx.set_wait_for_ready(true);
+    auto st = stub->GetAssignment(&ctx, hello, &assignment);
+    if (!st.ok()) {
+      std::cerr << "ftd-worker agent: cannot get the assignment of " << opts.job_id << " from " << opts.address << ": "
+                << st.error_message() << std::endl;
+      return 1;
+    }
+  }
+  ftd::v1::TrainSpec spec = assignment.spec();
+  if (!spec.checkpoint().has_dir()) spec.mutable_checkpoint()->set_dir(assignment.checkpoint_dir());
+
+  grpc::ClientContext ctx;
+  ftd::v1::WorkerAck ack;
+  auto writer = stub->Stream(&ctx, &ack);
+  std::mutex wmu;
+  auto send = [&](ftd::v1::WorkerMessage m) {
+    std::lock_guard<std::mutex> l(wmu);
+    *m.mutable_hello() = hello;
+    if (!writer->Write(m)) {
+      if (!stop->exchange(true)) std::cerr << "ftd-worker agent: lost the daemon; stopping" << std::endl;
+    }
+  };
+  ftd::v1::WorkerMessage started;
+  started.set_started(true);
+  send(started);
+
+  std::mutex hb_mu;
+  std::condition_variable hb_cv;
+  bool done = false;
+  std::thread heartbeat([&] {
+    std::unique_lock<std::mutex> l(hb_mu);
+    while (!hb_cv.wait_for(l, std::chrono::duration<double>(opts.heartbeat_s), [&] { return done; })) {
+      ftd::v1::WorkerMessage m;
+      m.set_heartbeat(true);
+      send(m);
+    }
+  });
+
+  engine::RunSummary summary;
+  const std::string fault = InjectedFault(assignment.name());
+  auto config = ToTrainConfig(spec);
+  if (fault == "oom") {
+    summary.outcome = engine::Outcome::kOutOfMemory;
+    summary.message = "GPU out of memory: simulated by FTD_INJECT_FAULT";
+  } else if (!config.ok()) {
+    summary.outcome = engine::Outcome::kInvalidSpec;
+    summary.message = std::string(config.status().message());
+  } else {
+    engine::RunHooks hooks;
+    hooks.on_step = [&](const engine::StepMetrics& m) {
+      ftd::v1::WorkerMessage msg;
+      *msg.mutable_step() = ToStepReport(m);
+      send(msg);
+    };
+    hooks.on_log = [&](std::string_view line) {
+      std::cerr << "ftd-worker: " << line << std::endl;
+      ftd::v1::WorkerMessage msg;
+      msg.set_log(std::string(line));
+      send(msg);
+    };
+    hooks.stop = stop;
+    summary = engine::RunTraining(*config, hooks);
+  }
+  ftd::v1::WorkerMessage result;
+  *result.mutable_result() = ToRunResult(summary);
+  send(result);
+  {
+    std::lock_guard<std::mutex> l(hb_mu);
+    done = true;
+  }
+  hb_cv.notify_all();
+  heartbeat.join();
+  writer->WritesDone();
+  (void)writer->Finish();
+  std::cerr << "ftd-worker agent: " << engine::OutcomeName(summary.outcome) << ": " << summary.message << std::endl;
+  return ExitCodeFor(static_cast<int>(summary.outcome));
+}
+
+}  // namespace ftd::worker

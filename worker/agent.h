@@ -1,0 +1,24 @@
+// The worker's side of the daemon protocol (proto/ftd/v1/worker.proto): fetch the assignment over
+// the daemon's unix socket, run the engine, stream started/steps/logs/heartbeats and the result.
+// No LibTorch headers here: the engine is reached through engine.h.
+#pragma once
+
+#include <atomic>
+#include <string>
+
+namespace ftd::worker {
+
+struct AgentOptions {
+  std::string address;  // "unix:/path/worker.sock"
+  std::string job_id;
+  int attempt = 0;
+  std::string token;
+  double heartbeat_s = 1.0;
+};
+
+// Returns the process exit code (the same as `ftd-worker run`). `stop` is set by SIGTERM/SIGINT; the
+// agent also sets it when the daemon goes away, so a worker never trains on unsupervised.
+int RunAgent(const AgentOptions& opts, std::atomic<bool>* stop);
+int ExitCodeFor(int outcome);  // engine::Outcome as int
+
+}  // namespace ftd::worker
