@@ -212,8 +212,8 @@ absl::Status JobManager::Annotate(Job* job) {
     std::lock_guard<std::mutex> l(mu_);
     busy = slot_owner_.size();
   }
-  job->set_reason("WAITING_FOR_SLOT");
-  job->set_message(absl::StrCat(pos - 1, " job(s) ahead in the queue; ", busy, " of ", slots_.size(),
+  job->set_reason(cfg_.paused ? "PAUSED" : "WAITING_FOR_SLOT");
+  job->set_message(absl::StrCat(cfg_.paused ? "ftd is paused (--paused): no job starts; " : "", pos - 1, " job(s) ahead in the queue; ", busy, " of ", slots_.size(),
                                 " slot(s) busy"));
   return absl::OkStatus();
 }
@@ -410,7 +410,7 @@ void JobManager::Loop() {
 }
 
 void JobManager::ScheduleLocked() {
-  if (draining_ || stopping_ || slot_owner_.size() == slots_.size()) return;
+  if (cfg_.paused || draining_ || stopping_ || slot_owner_.size() == slots_.size()) return;
   auto queued = store_->JobsInStates({ftd::v1::QUEUED});
   if (!queued.ok()) return;
   const int64_t now = NowMs();

@@ -35,6 +35,7 @@ struct ManagerConfig {
   int backoff_base_ms = 2000;           // retry n waits base * 2^(n-1), capped
   int backoff_max_ms = 60000;
   bool requeue_on_restart = true;       // policy for jobs found RUNNING at start (docs/api.md)
+  bool paused = false;                  // accept and store jobs, start none (maintenance)
 };
 
 class JobManager {

@@ -73,6 +73,8 @@ int main(int argc, char** argv) {
   app.add_option("--drain-timeout-s", drain_s, "SIGTERM: how long running workers get to stop")->capture_default_str();
   app.add_option("--restart-policy", restart_policy, "jobs found RUNNING at start: requeue or fail")
       ->check(CLI::IsMember({"requeue", "fail"}))->capture_default_str();
+  bool paused = false;
+  app.add_flag("--paused", paused, "accept and store jobs but start none (maintenance)");
   CLI11_PARSE(app, argc, argv);
 
   // Signals go to one thread (sigwait below); every other thread, and gRPC's, have them blocked.
@@ -119,6 +121,7 @@ int main(int argc, char** argv) {
   mc.heartbeat_timeout_ms = static_cast<int>(heartbeat_s * 1000);
   mc.backoff_base_ms = static_cast<int>(backoff_s * 1000);
   mc.requeue_on_restart = restart_policy == "requeue";
+  mc.paused = paused;
   ftd::server::JobManager manager(mc, store->get(), &metrics);
 
   std::atomic<bool> stopping{false};

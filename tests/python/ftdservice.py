@@ -1,0 +1,131 @@
+"""Test harness for the job service: real ftd daemons on loopback ports, the real ftctl, real
+ftd-worker processes. Every wait is bounded."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+from ftdtest import BUILD
+
+FTD = BUILD / "server" / "ftd"
+FTCTL = BUILD / "client" / "ftctl"
+
+TINY = {"model": {"preset": "tiny"}, "batch_size": 4, "seq_len": 32, "device": "cpu", "log_every": 1}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Daemon:
+    def __init__(self, tmp, *flags, env=None):
+        self.data = Path(tmp) / "data"
+        self.port, self.metrics_port = free_port(), free_port()
+        self.addr = f"127.0.0.1:{self.port}"
+        self.flags = list(flags)
+        self.env = dict(os.environ, **(env or {}))
+        self.log = open(Path(tmp) / "ftd.log", "ab")
+        self.proc = None
+        self.start()
+
+    def start(self, wait=True):
+        self.proc = subprocess.Popen(
+            [str(FTD), "--listen", self.addr, "--metrics-listen", f"127.0.0.1:{self.metrics_port}",
+             "--data-dir", str(self.data), "--gpus", "0", "--backoff-s", "0.2", "--grace-s", "3",
+             "--heartbeat-timeout-s", "5", *self.flags],
+            stdout=self.log, stderr=self.log, env=self.env)
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self, timeout=20):
+        end = time.time() + timeout
+        while time.time() < end:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"ftd exited with {self.proc.returncode}: {self.read_log()[-2000:]}")
+            if ftctl(self, "list", "--timeout", "1").returncode == 0:
+                return
+            time.sleep(0.05)
+        raise AssertionError("ftd did not become ready")
+
+    def read_log(self):
+        self.log.flush()
+        return Path(self.log.name).read_text(errors="replace")
+
+    def kill(self, sig=signal.SIGKILL, wait=True):
+        self.proc.send_signal(sig)
+        if wait:
+            self.proc.wait(timeout=60)
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def metrics(self):
+        from prometheus_client.parser import text_string_to_metric_families
+        text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).read().decode()
+        samples = {}
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+        return samples
+
+
+def ftctl(daemon, *args, timeout=120, input=None):
+    addr = daemon.addr if hasattr(daemon, "addr") else daemon
+    return subprocess.run([str(FTCTL), "--addr", addr, *args], capture_output=True, text=True, timeout=timeout,
+                          input=input)
+
+
+def submit(daemon, spec, *args):
+    path = Path(daemon.data).parent / f"spec-{time.monotonic_ns()}.json"
+    path.write_text(json.dumps(spec))
+    p = ftctl(daemon, "submit", str(path), *args)
+    assert p.returncode == 0, p.stderr
+    return p.stdout.strip()
+
+
+def get(daemon, job_id):
+    p = ftctl(daemon, "get", job_id, "-o", "json")
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def wait_for(pred, timeout, what):
+    end = time.time() + timeout
+    while time.time() < end:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is gone for our purposes
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def group_alive(pgid):
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False

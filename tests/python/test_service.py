@@ -1,0 +1,292 @@
+"""The job service end to end on the CPU: ftd + ftctl + real ftd-worker processes, a real SQLite
+file, /metrics over HTTP. Durability under SIGKILL, worker faults, cancel, restart and drain."""
+import json
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ftdservice import (TINY, Daemon, ftctl, get, group_alive, pid_alive, submit, wait_for)
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    d = Daemon(tmp_path)
+    yield d
+    d.stop()
+
+
+def state(daemon, job_id):
+    return get(daemon, job_id).get("state")
+
+
+def running_with_steps(daemon, job_id, n=1):
+    j = get(daemon, job_id)
+    if j.get("state") == "RUNNING" and int(j.get("worker_pid", 0)) > 0 and int(j.get("last_step", {}).get("step", 0)) >= n:
+        return j
+    return None
+
+
+def test_job_succeeds_streams_metrics_and_exports_them(daemon):
+    job = submit(daemon, dict(TINY, steps=12), "--name", "e2e")
+    w = ftctl(daemon, "watch", job, timeout=300)
+    assert w.returncode == 0, w.stderr
+    steps = [l for l in w.stdout.splitlines() if l.lstrip().startswith("step ")]
+    assert len(steps) >= 12 and "tokens/s" in steps[-1]
+    j = get(daemon, job)
+    assert j["state"] == "SUCCEEDED" and j["reason"] == "SUCCEEDED" and int(j["attempt"]) == 1
+    assert int(j["last_step"]["step"]) == 12 and j["result"]["outcome"] == "SUCCEEDED"
+    assert int(j["finished_unix_ms"]) >= int(j["started_unix_ms"]) >= int(j["created_unix_ms"]) > 0
+    m = daemon.metrics()
+    assert m[("ftd_worker_steps_total", (("kernel_set", "eager"), ("slot", "cpu")))] == 12
+    assert m[("ftd_worker_tokens_total", (("kernel_set", "eager"), ("slot", "cpu")))] == 12 * 4 * 32
+    assert m[("ftd_job_completions_total", (("outcome", "succeeded"), ("state", "succeeded")))] == 1
+    assert m[("ftd_job_submissions_total", (("kind", "finetune"),))] == 1
+    assert m[("ftd_worker_loss", (("kernel_set", "eager"), ("slot", "cpu")))] > 0
+    assert m[("ftd_job_queue_wait_seconds_count", ())] == 1
+    wait_for(lambda: daemon.metrics()[("ftd_jobs", (("state", "succeeded"),))] == 1, 5, "the jobs gauge")
+    lst = ftctl(daemon, "list", "-o", "json")
+    assert [x["id"] for x in json.loads(lst.stdout)] == [job]
+
+
+def test_bad_input_is_refused_with_the_field_named(daemon):
+    p = ftctl(daemon, "submit", "--default", "--set", "batch_size=0")
+    assert p.returncode != 0 and "spec.batch_size must be >= 1 (got 0)" in p.stderr
+    p = ftctl(daemon, "submit", "--default", "--set", "device=\"cuda\"")
+    assert p.returncode != 0 and "spec.device" in p.stderr and "no GPU" in p.stderr
+    p = ftctl(daemon, "submit", "--default", "--priority", "5000")
+    assert p.returncode != 0 and "priority" in p.stderr
+    p = ftctl(daemon, "get", "j-999999")
+    assert p.returncode != 0 and "does not exist" in p.stderr
+    job = submit(daemon, dict(TINY, steps=2))
+    assert ftctl(daemon, "wait", job, timeout=300).returncode == 0
+    p = ftctl(daemon, "cancel", job)
+    assert p.returncode != 0 and "already succeeded" in p.stderr
+
+
+def test_priority_then_submission_order_and_queue_position(tmp_path):
+    d = Daemon(tmp_path, "--paused")
+    try:
+        a = submit(d, dict(TINY, steps=1), "--priority", "0")
+        b = submit(d, dict(TINY, steps=1), "--priority", "5")
+        c = submit(d, dict(TINY, steps=1), "--priority", "0")
+        pos = {j: int(get(d, j)["queue_position"]) for j in (a, b, c)}
+        assert pos == {b: 1, a: 2, c: 3}
+        assert get(d, c)["reason"] == "PAUSED" and "2 job(s) ahead" in get(d, c)["message"]
+    finally:
+        d.stop()
+
+
+def test_request_id_makes_submit_idempotent(daemon):
+    spec = Path(daemon.data).parent / "spec.json"
+    spec.write_text(json.dumps(dict(TINY, steps=1)))
+    ids = {ftctl(daemon, "submit", str(spec), "--request-id", "same-request").stdout.strip() for _ in range(3)}
+    assert len(ids) == 1
+    assert len(json.loads(ftctl(daemon, "list", "-o", "json").stdout)) == 1
+
+
+def test_durability_under_sigkill(tmp_path):
+    """SIGKILL the daemon at random moments while a client submits; after each restart every
+    acknowledged job exists, the database is intact, nothing is duplicated, and retrying a
+    request_id returns the same job."""
+    d = Daemon(tmp_path, "--paused")
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(dict(TINY, steps=1)))
+    acked = {}  # request_id -> job id
+    rng = random.Random()
+    counter = [0]
+    try:
+        for rnd in range(50):
+            stop = threading.Event()
+
+            def client():
+                while not stop.is_set():
+                    counter[0] += 1
+                    rid = f"r{counter[0]}"
+                    p = ftctl(d, "submit", str(spec), "--request-id", rid, "--timeout", "2", timeout=30)
+                    if p.returncode == 0:
+                        acked[rid] = p.stdout.strip()
+
+            t = threading.Thread(target=client)
+            t.start()
+            time.sleep(rng.uniform(0.0, 0.25))
+            d.kill(signal.SIGKILL)
+            stop.set()
+            t.join(timeout=60)
+            d.start()
+            db = sqlite3.connect(d.data / "ftd.db")
+            try:
+                assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+                rows = db.execute("SELECT id, request_id FROM jobs").fetchall()
+            finally:
+                db.close()
+            by_rid = {r: i for i, r in rows}
+            assert len(by_rid) == len(rows)  # no duplicate request ids
+            for rid, job in acked.items():
+                assert by_rid.get(rid) == job, (rnd, rid)
+            # a retried request returns the same job
+            if acked:
+                rid = rng.choice(sorted(acked))
+                p = ftctl(d, "submit", str(spec), "--request-id", rid)
+                assert p.stdout.strip() == acked[rid]
+        assert len(acked) >= 50
+        ids = [int(j.split("-")[1]) for j in acked.values()]
+        assert len(set(ids)) == len(ids)
+    finally:
+        d.stop()
+
+
+def _faulty_daemon(tmp_path):
+    return Daemon(tmp_path, env={"FTD_INJECT_FAULT": "oom-job=oom"})
+
+
+@pytest.mark.parametrize("sig,needle", [(signal.SIGKILL, "SIGKILL"), (signal.SIGSEGV, "SIGSEGV")])
+def test_worker_killed_by_signal_is_classified_within_2s(tmp_path, sig, needle):
+    d = Daemon(tmp_path)
+    try:
+        job = submit(d, dict(TINY, steps=100000), "--max-attempts", "1")
+        j = wait_for(lambda: running_with_steps(d, job), 120, "the job to run")
+        pid = int(j["worker_pid"])
+        t0 = time.time()
+        os.kill(pid, sig)
+        j = wait_for(lambda: (lambda x: x if x["state"] == "FAILED" else None)(get(d, job)), 2.0, "FAILED")
+        assert time.time() - t0 <= 2.0
+        assert j["reason"] == "KILLED_BY_SIGNAL" and needle in j["message"] and "no retries left" in j["message"]
+        assert not group_alive(pid)
+        assert ftctl(d, "list").returncode == 0  # still serving
+    finally:
+        d.stop()
+
+
+def test_worker_error_exit_is_classified(tmp_path):
+    d = Daemon(tmp_path)
+    try:
+        blocker = tmp_path / "not-a-dir"
+        blocker.write_text("x")
+        job = submit(d, dict(TINY, steps=3, checkpoint={"dir": str(blocker / "ck")}))
+        rc = ftctl(d, "wait", job, timeout=300).returncode
+        j = get(d, job)
+        assert rc == 1 and j["state"] == "FAILED" and j["reason"] == "WORKER_ERROR"
+        assert "exit code 1" in j["message"] and int(j["attempt"]) == 1  # the job's own failure: no retry
+    finally:
+        d.stop()
+
+
+def test_simulated_out_of_memory_is_not_retried(tmp_path):
+    d = _faulty_daemon(tmp_path)
+    try:
+        job = submit(d, dict(TINY, steps=3), "--name", "oom-job", "--max-attempts", "3")
+        t0 = time.time()
+        j = wait_for(lambda: (lambda x: x if x["state"] == "FAILED" else None)(get(d, job)), 30, "FAILED")
+        assert j["reason"] == "GPU_OUT_OF_MEMORY" and "out of memory" in j["message"]
+        assert int(j["attempt"]) == 1 and j["result"]["outcome"] == "OUT_OF_MEMORY"
+        other = submit(d, dict(TINY, steps=2), "--name", "fine-job")
+        assert ftctl(d, "wait", other, timeout=300).returncode == 0
+        assert time.time() - t0 < 120
+    finally:
+        d.stop()
+
+
+def test_infrastructure_failure_is_retried_with_backoff(tmp_path):
+    d = Daemon(tmp_path)
+    try:
+        job = submit(d, dict(TINY, steps=40), "--max-attempts", "2")
+        j = wait_for(lambda: running_with_steps(d, job), 120, "the job to run")
+        os.kill(int(j["worker_pid"]), signal.SIGKILL)
+        assert ftctl(d, "wait", job, timeout=300).returncode == 0
+        j = get(d, job)
+        assert j["state"] == "SUCCEEDED" and int(j["attempt"]) == 2
+        assert daemon_metric(d, "ftd_job_retries_total", (("reason", "killed_by_signal"),)) == 1
+    finally:
+        d.stop()
+
+
+def daemon_metric(d, name, labels):
+    return d.metrics().get((name, labels), 0)
+
+
+def test_cancel_leaves_no_worker_behind(daemon):
+    job = submit(daemon, dict(TINY, steps=100000))
+    j = wait_for(lambda: running_with_steps(daemon, job), 120, "the job to run")
+    pid = int(j["worker_pid"])
+    # the worker inherited no descriptor of the database
+    fds = [os.readlink(f) for f in Path(f"/proc/{pid}/fd").iterdir() if f.is_symlink()]
+    assert not any("ftd.db" in f for f in fds), fds
+    assert ftctl(daemon, "cancel", job).returncode == 0
+    assert ftctl(daemon, "wait", job, timeout=60).returncode == 2
+    j = get(daemon, job)
+    assert j["state"] == "CANCELLED" and j["reason"] == "CANCELLED"
+    wait_for(lambda: not group_alive(pid), 5, "the worker's process group to be gone")
+
+
+@pytest.mark.parametrize("policy,expect", [("requeue", "SUCCEEDED"), ("fail", "FAILED")])
+def test_restart_with_a_running_job_follows_the_policy(tmp_path, policy, expect):
+    d = Daemon(tmp_path, "--restart-policy", policy)
+    try:
+        job = submit(d, dict(TINY, steps=60))
+        j = wait_for(lambda: running_with_steps(d, job), 120, "the job to run")
+        pid = int(j["worker_pid"])
+        d.kill(signal.SIGKILL)
+        wait_for(lambda: not pid_alive(pid), 30, "the orphaned worker to stop")
+        d.start()
+        j = get(d, job)
+        assert j["reason"] == "DAEMON_RESTART", j
+        assert ftctl(d, "wait", job, timeout=300).returncode == (0 if expect == "SUCCEEDED" else 1)
+        j = get(d, job)
+        assert j["state"] == expect and int(j["attempt"]) == (2 if expect == "SUCCEEDED" else 1)
+    finally:
+        d.stop()
+
+
+def test_watch_resumes_across_a_daemon_restart_without_missing_events(tmp_path):
+    d = Daemon(tmp_path)
+    try:
+        job = submit(d, dict(TINY, steps=80))
+        from ftdservice import FTCTL
+        watch = subprocess.Popen([str(FTCTL), "--addr", d.addr, "watch", job], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: running_with_steps(d, job, 5), 120, "steps")
+        d.kill(signal.SIGKILL)
+        time.sleep(0.5)
+        d.start()
+        out, err = watch.communicate(timeout=300)
+        assert watch.returncode == 0, err
+        full = ftctl(d, "watch", job, timeout=60)
+        assert full.returncode == 0
+        # the interrupted watch printed exactly what a watch from the start prints
+        assert out.splitlines() == full.stdout.splitlines()
+    finally:
+        d.stop()
+
+
+def test_sigterm_drains_checkpoints_and_resumes(tmp_path):
+    d = Daemon(tmp_path)
+    try:
+        job = submit(d, dict(TINY, steps=400))
+        wait_for(lambda: running_with_steps(d, job, 3), 120, "steps")
+        t0 = time.time()
+        d.kill(signal.SIGTERM)
+        assert d.proc.returncode == 0 and time.time() - t0 < 30
+        ck = d.data / "jobs" / job / "checkpoints"
+        assert any((p / "MANIFEST.json").exists() for p in ck.iterdir())
+        d.start()
+        assert get(d, job)["reason"] in ("DAEMON_SHUTDOWN", "RUNNING")
+        assert ftctl(d, "wait", job, timeout=600).returncode == 0
+        log = (d.data / "jobs" / job / "worker.log").read_text()
+        assert "resumed from" in log
+    finally:
+        d.stop()
+
+
+def test_health_service_is_registered(daemon):
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    with grpc.insecure_channel(daemon.addr) as ch:
+        resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+    assert resp.status == health_pb2.HealthCheckResponse.SERVING
