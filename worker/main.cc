@@ -75,27 +75,10 @@ int Run(const std::string& spec_path, bool use_default, const std::vector<std::s
   }
   // --set a.b=value overrides, applied through the JSON mapping so they are checked the same way.
   for (const auto& kv : sets) {
-    const auto eq = kv.find('=');
-    if (eq == std::string::npos) {
-      std::cerr << "ftd-worker: --set takes field=value (got \"" << kv << "\")\n";
+    if (auto st = ftd::worker::ApplySetOverride(kv, &spec); !st.ok()) {
+      std::cerr << "ftd-worker: " << st.message() << "\n";
       return 2;
     }
-    nlohmann::json patch = nlohmann::json::object();
-    nlohmann::json* node = &patch;
-    std::string path = kv.substr(0, eq);
-    for (size_t dot; (dot = path.find('.')) != std::string::npos; path = path.substr(dot + 1)) {
-      node = &(*node)[path.substr(0, dot)];
-    }
-    const std::string value = kv.substr(eq + 1);
-    nlohmann::json v = nlohmann::json::parse(value, nullptr, /*allow_exceptions=*/false);
-    (*node)[path] = v.is_discarded() ? nlohmann::json(value) : v;
-    ftd::v1::TrainSpec overlay;
-    auto parsed = ftd::worker::ParseTrainSpecJson(patch.dump());
-    if (!parsed.ok()) {
-      std::cerr << "ftd-worker: --set " << kv << ": " << parsed.status().message() << "\n";
-      return 2;
-    }
-    spec.MergeFrom(*parsed);
   }
   auto config = ftd::worker::ToTrainConfig(spec);
   if (!config.ok()) {

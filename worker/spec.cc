@@ -3,6 +3,7 @@
 #include <google/protobuf/util/json_util.h>
 
 #include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
 
 namespace ftd::worker {
 
@@ -25,6 +26,27 @@ std::string TrainSpecToJson(const ftd::v1::TrainSpec& spec) {
   opts.preserve_proto_field_names = true;
   (void)google::protobuf::util::MessageToJsonString(spec, &out, opts);
   return out;
+}
+
+absl::Status ApplySetOverride(const std::string& assignment, ftd::v1::TrainSpec* spec) {
+  const auto eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--set takes field=value, e.g. --set optimizer.lr=1e-4 (got \"", assignment, "\")"));
+  }
+  nlohmann::json patch = nlohmann::json::object();
+  nlohmann::json* node = &patch;
+  std::string path = assignment.substr(0, eq);
+  for (size_t dot; (dot = path.find('.')) != std::string::npos; path = path.substr(dot + 1)) {
+    node = &(*node)[path.substr(0, dot)];
+  }
+  const std::string value = assignment.substr(eq + 1);
+  nlohmann::json v = nlohmann::json::parse(value, nullptr, /*allow_exceptions=*/false);
+  (*node)[path] = v.is_discarded() ? nlohmann::json(value) : v;
+  auto parsed = ParseTrainSpecJson(patch.dump());
+  if (!parsed.ok()) return absl::InvalidArgumentError(absl::StrCat("--set ", assignment, ": ", parsed.status().message()));
+  spec->MergeFrom(*parsed);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<engine::TrainConfig> ToTrainConfig(const ftd::v1::TrainSpec& s) {

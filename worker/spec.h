@@ -13,6 +13,9 @@ namespace ftd::worker {
 // Parses a TrainSpec from JSON; unknown fields and type errors are INVALID_ARGUMENT naming them.
 absl::StatusOr<ftd::v1::TrainSpec> ParseTrainSpecJson(const std::string& json);
 std::string TrainSpecToJson(const ftd::v1::TrainSpec& spec);
+// Applies one command-line override "a.b=value" (a dotted field path in the JSON mapping, a JSON
+// value or a bare string) through the JSON mapping, so it is checked like a spec file.
+absl::Status ApplySetOverride(const std::string& assignment, ftd::v1::TrainSpec* spec);
 // Applies defaults for unset fields and validates; errors name the field and the fix.
 absl::StatusOr<engine::TrainConfig> ToTrainConfig(const ftd::v1::TrainSpec& spec);
 ftd::v1::StepReport ToStepReport(const engine::StepMetrics& m);

@@ -235,11 +235,19 @@ def test_restart_with_a_running_job_follows_the_policy(tmp_path, policy, expect)
         d.kill(signal.SIGKILL)
         wait_for(lambda: not pid_alive(pid), 30, "the orphaned worker to stop")
         d.start()
+        # never left RUNNING: right after the restart the job is requeued (and may already run
+        # again as attempt 2) or failed, and its history records why
         j = get(d, job)
-        assert j["reason"] == "DAEMON_RESTART", j
+        assert j["state"] in (("QUEUED", "RUNNING") if policy == "requeue" else ("FAILED",)), j
+        assert int(j["attempt"]) == (2 if j["state"] == "RUNNING" else 1), j
         assert ftctl(d, "wait", job, timeout=300).returncode == (0 if expect == "SUCCEEDED" else 1)
         j = get(d, job)
         assert j["state"] == expect and int(j["attempt"]) == (2 if expect == "SUCCEEDED" else 1)
+        events = [json.loads(l) for l in ftctl(d, "watch", job, "-o", "json").stdout.splitlines()]
+        restart = [e["state"] for e in events if "state" in e and e["state"]["reason"] == "DAEMON_RESTART"]
+        assert len(restart) == 1, events
+        assert restart[0]["state"] == ("QUEUED" if policy == "requeue" else "FAILED")
+        assert "ftd restarted while attempt 1" in restart[0]["message"]
     finally:
         d.stop()
 

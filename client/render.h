@@ -1,0 +1,33 @@
+// How ftctl shows jobs and events: the list table, the job description, one line per watched event,
+// and the JSON forms. Pure functions of the messages (no clock): a watch interrupted and resumed
+// prints exactly what an uninterrupted one prints.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ftd/v1/jobs.pb.h"
+
+namespace ftd::client {
+
+// proto3 JSON with the .proto field names and every scalar present (stable keys for scripts).
+std::string ToJson(const google::protobuf::Message& m, bool pretty);
+
+// A table: ID NAME STATE REASON KIND STEP LOSS PRI OWNER CREATED, columns sized to their content.
+std::string JobsTable(const std::vector<ftd::v1::Job>& jobs);
+// "key: value" lines describing one job.
+std::string JobText(const ftd::v1::Job& job);
+// One line per event: state changes, steps (step/total, loss, tokens/s, memory, ETA), logs, result.
+std::string EventLine(const ftd::v1::JobEvent& e);
+
+// Pieces, exposed for tests.
+std::string FormatDuration(double seconds);  // "42s", "3m05s", "2h01m"
+std::string FormatBytes(uint64_t bytes);     // "512 MiB", "1.5 GiB"
+std::string FormatTimeUtc(int64_t unix_ms);  // "2026-11-22 18:44:55Z"
+
+// Exit code of ftctl wait/watch/submit --wait for a job's final state: 0 SUCCEEDED, 1 FAILED,
+// 2 CANCELLED (3 is reserved for "could not find out").
+int ExitCodeForState(ftd::v1::JobState s);
+
+}  // namespace ftd::client
