@@ -154,6 +154,11 @@ absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::Submit(const ftd::v1::Sub
                                                    "\" but this ftd has no GPU (it runs jobs on its CPU slot): use "
                                                    "\"auto\" or \"cpu\""));
   }
+  if (cfg_.gpus == 0 && config->Kernels().any()) {
+    return absl::InvalidArgumentError(absl::StrCat("spec.kernel_set: the job uses fused CUDA kernels (",
+                                                   config->Kernels().ToString(),
+                                                   ") but this ftd has no GPU; use kernel_set \"eager\""));
+  }
   if (cfg_.gpus > 0 && config->device.rfind("cuda:", 0) == 0 && config->device != "cuda:0") {
     return absl::InvalidArgumentError(absl::StrCat("spec.device is \"", config->device,
                                                    "\": ftd assigns each job one GPU, which the job sees as "
@@ -464,7 +469,8 @@ absl::Status JobManager::StartLocked(const Job& queued, const std::string& slot)
   r.job_id = job->id();
   r.token = token;
   r.slot = slot;
-  r.kernel_set = job->spec().has_kernel_set() ? job->spec().kernel_set() : "eager";
+  auto config = ftd::worker::ToTrainConfig(job->spec());
+  r.kernel_set = config.ok() ? config->Kernels().Label() : "eager";
   r.attempt = job->attempt();
   r.last_seen = std::chrono::steady_clock::now();
   r.started_ms = now;

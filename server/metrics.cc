@@ -86,7 +86,7 @@ void Metrics::Step(const std::string& slot, const std::string& kernel_set, const
 }
 
 void Metrics::SlotIdle(const std::string& slot) {
-  for (const char* ks : {"eager"}) {
+  for (const char* ks : {"eager", "fused", "mixed"}) {
     const std::map<std::string, std::string> l = {{"slot", slot}, {"kernel_set", ks}};
     tokens_per_s_->Add(l).Set(0);
   }

@@ -249,6 +249,44 @@ TEST(TrainConfig, ValidationNamesTheFieldAndTheFix) {
   EXPECT_NE(c.Validate().message().find("spec.model"), absl::string_view::npos);
 }
 
+TEST(TrainConfig, KernelSetsAndPerOpOverrides) {
+  TrainConfig c;
+  EXPECT_EQ(c.Kernels().ToString(), "eager");
+  EXPECT_FALSE(c.Kernels().any());
+  c.kernel_set = "fused";
+  EXPECT_TRUE(c.Validate().ok());
+  EXPECT_EQ(c.Kernels().ToString(), "fused");
+  EXPECT_STREQ(c.Kernels().Label(), "fused");
+  c.kernels["linear_cross_entropy"] = "eager";
+  EXPECT_TRUE(c.Validate().ok());
+  EXPECT_FALSE(c.Kernels()[KernelOp::kLinearCrossEntropy]);
+  EXPECT_TRUE(c.Kernels()[KernelOp::kCrossEntropy]);
+  EXPECT_EQ(c.Kernels().ToString(), "fused (eager: linear_cross_entropy)");
+  EXPECT_STREQ(c.Kernels().Label(), "mixed");
+  // eager by default, one op fused
+  TrainConfig e;
+  e.kernels["rmsnorm"] = "fused";
+  EXPECT_TRUE(e.Validate().ok());
+  EXPECT_TRUE(e.Kernels()[KernelOp::kRmsNorm]);
+  EXPECT_FALSE(e.Kernels()[KernelOp::kSwiGlu]);
+  // an unknown op names itself and lists the valid ones
+  e.kernels["layernorm"] = "fused";
+  const std::string msg(e.Validate().message());
+  EXPECT_NE(msg.find("spec.kernels.layernorm"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("rmsnorm, rope, swiglu, cross_entropy, linear_cross_entropy, adamw"), std::string::npos) << msg;
+  e.kernels.erase("layernorm");
+  e.kernels["rope"] = "fast";
+  EXPECT_NE(e.Validate().message().find("must be \"eager\" or \"fused\""), absl::string_view::npos);
+  TrainConfig bad;
+  bad.kernel_set = "triton";
+  EXPECT_NE(bad.Validate().message().find("spec.kernel_set"), absl::string_view::npos);
+  // fused kernels are CUDA-only
+  TrainConfig cpu;
+  cpu.kernel_set = "fused";
+  cpu.device = "cpu";
+  EXPECT_NE(cpu.Validate().message().find("need a GPU"), absl::string_view::npos) << cpu.Validate().message();
+}
+
 TEST(Schedule, WarmupThenCosineToTheFloor) {
   OptimizerConfig o;
   o.lr = 1.0;

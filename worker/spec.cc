@@ -86,6 +86,7 @@ absl::StatusOr<engine::TrainConfig> ToTrainConfig(const ftd::v1::TrainSpec& s) {
   if (s.has_seed()) c.seed = s.seed();
   if (s.has_log_every()) c.log_every = s.log_every();
   if (s.has_kernel_set()) c.kernel_set = s.kernel_set();
+  for (const auto& [op, impl] : s.kernels()) c.kernels[op] = impl;
   if (s.has_peak_flops()) c.peak_flops = s.peak_flops();
   if (auto st = c.Validate(); !st.ok()) return st;
   return c;

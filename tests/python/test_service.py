@@ -60,6 +60,10 @@ def test_bad_input_is_refused_with_the_field_named(daemon):
     assert p.returncode != 0 and "spec.batch_size must be >= 1 (got 0)" in p.stderr
     p = ftctl(daemon, "submit", "--default", "--set", "device=\"cuda\"")
     assert p.returncode != 0 and "spec.device" in p.stderr and "no GPU" in p.stderr
+    p = ftctl(daemon, "submit", "--default", "--set", "kernel_set=fused")
+    assert p.returncode == 3 and "spec.kernel_set" in p.stderr and "no GPU" in p.stderr, p.stderr
+    p = ftctl(daemon, "submit", "--default", "--set", "kernels.softmax=fused")
+    assert p.returncode == 3 and "spec.kernels.softmax is not an op" in p.stderr, p.stderr
     p = ftctl(daemon, "submit", "--default", "--priority", "5000")
     assert p.returncode != 0 and "priority" in p.stderr
     p = ftctl(daemon, "get", "j-999999")

@@ -129,6 +129,8 @@ def test_non_finite_loss_stops_the_run_without_applying_the_update(tmp_path):
     ({"model": {"preset": "gpt2"}}, "spec.model.preset must be one of"),
     ({"data": {"path": "/nonexistent/tokens.bin"}}, "spec.data.path"),
     ({"device": "cuda:7"}, "spec.device"),
+    ({"kernel_set": "fused"}, "need a GPU"),
+    ({"kernels": {"rmsnrom": "fused"}}, "spec.kernels.rmsnrom is not an op; the ops are: rmsnorm, rope"),
 ])
 def test_bad_specs_are_refused_naming_the_field(tmp_path, spec, needle):
     code, steps, _, err = run_worker(dict({"device": "cpu", "steps": 2}, **spec), tmp_path, check=False)

@@ -6,6 +6,7 @@
 #include <numbers>
 
 #include "absl/strings/str_cat.h"
+#include "worker/engine/fused_ops.h"
 #include "worker/engine/safetensors.h"
 #include "worker/engine/torch_util.h"
 
@@ -132,6 +133,8 @@ std::pair<torch::Tensor, torch::Tensor> LlamaModel::RopeCosSin(int64_t seq_len) 
     auto emb = torch::cat({freqs, freqs}, -1);             // [T, D]
     cos_ = emb.cos().to(dtype_);
     sin_ = emb.sin().to(dtype_);
+    cos32_ = freqs.cos().contiguous();
+    sin32_ = freqs.sin().contiguous();
     rope_len_ = seq_len;
   }
   return {cos_, sin_};
@@ -152,36 +155,63 @@ torch::Tensor RotateHalf(const torch::Tensor& x) {
 
 }  // namespace
 
+torch::Tensor LlamaModel::Norm(const torch::Tensor& x, const torch::Tensor& w) const {
+  return kernels_[KernelOp::kRmsNorm] ? fused::RmsNorm(x, w, config_.rms_norm_eps) : RmsNorm(x, w, config_.rms_norm_eps);
+}
+
+torch::Tensor LlamaModel::Rotate(const torch::Tensor& x, int64_t seq_len) {
+  auto [cos, sin] = RopeCosSin(seq_len);  // [T, D], broadcast over [B, H, T, D]
+  if (kernels_[KernelOp::kRope]) return fused::Rope(x, cos32_, sin32_).transpose(1, 2);
+  auto t = x.transpose(1, 2);
+  return t * cos + RotateHalf(t) * sin;
+}
+
 torch::Tensor LlamaModel::Hidden(const torch::Tensor& ids) {
   const auto& c = config_;
   const int64_t B = ids.size(0), T = ids.size(1);
-  auto [cos, sin] = RopeCosSin(T);  // [T, D], broadcast over [B, H, T, D]
   auto x = torch::embedding(embed_, ids);
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
   for (const auto& L : layers_) {
-    auto h = RmsNorm(x, L.input_norm, c.rms_norm_eps);
-    auto q = torch::linear(h, L.q).view({B, T, c.num_attention_heads, c.head_dim}).transpose(1, 2);
-    auto k = torch::linear(h, L.k).view({B, T, c.num_key_value_heads, c.head_dim}).transpose(1, 2);
+    auto h = Norm(x, L.input_norm);
+    auto q = Rotate(torch::linear(h, L.q).view({B, T, c.num_attention_heads, c.head_dim}), T);
+    auto k = Rotate(torch::linear(h, L.k).view({B, T, c.num_key_value_heads, c.head_dim}), T);
     auto v = torch::linear(h, L.v).view({B, T, c.num_key_value_heads, c.head_dim}).transpose(1, 2);
-    q = q * cos + RotateHalf(q) * sin;
-    k = k * cos + RotateHalf(k) * sin;
     auto a = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/T > 1,
                                               scale, /*enable_gqa=*/c.num_key_value_heads != c.num_attention_heads);
     a = a.transpose(1, 2).reshape({B, T, c.num_attention_heads * c.head_dim});
     x = x + torch::linear(a, L.o);
-    h = RmsNorm(x, L.post_norm, c.rms_norm_eps);
-    x = x + torch::linear(torch::silu(torch::linear(h, L.gate)) * torch::linear(h, L.up), L.down);
+    h = Norm(x, L.post_norm);
+    auto gate = torch::linear(h, L.gate), up = torch::linear(h, L.up);
+    x = x + torch::linear(kernels_[KernelOp::kSwiGlu] ? fused::SwiGlu(gate, up) : torch::silu(gate) * up, L.down);
   }
-  return RmsNorm(x, final_norm_, c.rms_norm_eps);
+  return Norm(x, final_norm_);
 }
 
 torch::Tensor LlamaModel::Logits(const torch::Tensor& ids) { return torch::linear(Hidden(ids), lm_head_); }
 
 torch::Tensor LlamaModel::LossSum(const torch::Tensor& ids, const torch::Tensor& labels) {
+  const auto flat_labels = labels.reshape({-1});
+  if (kernels_[KernelOp::kLinearCrossEntropy]) {
+    auto one = torch::ones({}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
+    return fused::LinearCrossEntropy(Hidden(ids).reshape({-1, config_.hidden_size}), lm_head_, flat_labels, one,
+                                     kIgnoreIndex);
+  }
+  if (kernels_[KernelOp::kCrossEntropy]) {
+    // Our kernel reads the logits in the model dtype: no fp32 copy, no softmax tensor.
+    return fused::CrossEntropySum(Logits(ids).view({-1, config_.vocab_size}), flat_labels, kIgnoreIndex);
+  }
   auto logits = Logits(ids).to(torch::kFloat);
   return torch::nn::functional::cross_entropy(
-      logits.view({-1, config_.vocab_size}), labels.reshape({-1}),
+      logits.view({-1, config_.vocab_size}), flat_labels,
       torch::nn::functional::CrossEntropyFuncOptions().ignore_index(kIgnoreIndex).reduction(torch::kSum));
+}
+
+torch::Tensor LlamaModel::LossMean(const torch::Tensor& ids, const torch::Tensor& labels, const torch::Tensor& count) {
+  if (kernels_[KernelOp::kLinearCrossEntropy]) {
+    return fused::LinearCrossEntropy(Hidden(ids).reshape({-1, config_.hidden_size}), lm_head_, labels.reshape({-1}),
+                                     count.reciprocal(), kIgnoreIndex);
+  }
+  return LossSum(ids, labels) / count;
 }
 
 double LlamaModel::TrainingFlopsPerToken(int64_t seq_len) const {

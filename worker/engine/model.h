@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "worker/engine/llama_config.h"
+#include "worker/engine/train_config.h"
 
 namespace ftd::engine {
 
@@ -40,6 +41,14 @@ class LlamaModel {
   // Sum over non-ignored positions of the next-token cross-entropy (fp32 scalar). labels: [B, T]
   // int64, already shifted (labels[b, t] is the target after ids[b, t]); kIgnoreIndex skipped.
   torch::Tensor LossSum(const torch::Tensor& ids, const torch::Tensor& labels);
+  // LossSum / count, with count an fp32 scalar tensor on the model's device (the step's non-ignored
+  // tokens). The fused linear cross-entropy computes its gradients in the forward pass and needs the
+  // 1/count weight up front.
+  torch::Tensor LossMean(const torch::Tensor& ids, const torch::Tensor& labels, const torch::Tensor& count);
+
+  // Which ops run ftd's fused CUDA kernels (default: none, LibTorch's composite ops).
+  void SetKernels(const KernelChoice& k) { kernels_ = k; }
+  const KernelChoice& kernels() const { return kernels_; }
 
   // Multiply-accumulate FLOPs of one token's forward+backward (docs/performance.md, MFU).
   double TrainingFlopsPerToken(int64_t seq_len) const;
@@ -51,6 +60,8 @@ class LlamaModel {
   LlamaModel(const LlamaConfig& c, torch::Device d, torch::ScalarType t) : config_(c), device_(d), dtype_(t) {}
   void Register(const std::string& name, torch::Tensor t);
   std::pair<torch::Tensor, torch::Tensor> RopeCosSin(int64_t seq_len);
+  torch::Tensor Norm(const torch::Tensor& x, const torch::Tensor& w) const;
+  torch::Tensor Rotate(const torch::Tensor& x_bthd, int64_t seq_len);  // -> [B, H, T, D]
   torch::Tensor Hidden(const torch::Tensor& ids);
 
   LlamaConfig config_;
@@ -61,7 +72,9 @@ class LlamaModel {
   std::vector<Layer> layers_;
   torch::Tensor inv_freq_;  // fp32, [head_dim / 2]
   int64_t rope_len_ = -1;
-  torch::Tensor cos_, sin_;
+  torch::Tensor cos_, sin_;      // [T, D] in the model dtype (eager, as HF)
+  torch::Tensor cos32_, sin32_;  // [T, D/2] fp32 (fused)
+  KernelChoice kernels_;
 };
 
 // RoPE inverse frequencies, with llama3 scaling when configured (HF's _compute_llama3_parameters).

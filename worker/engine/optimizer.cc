@@ -1,11 +1,16 @@
 #include "worker/engine/optimizer.h"
 
+#include "worker/engine/fused_ops.h"
+
 namespace ftd::engine {
 
 AdamW::AdamW(const std::vector<std::pair<std::string, torch::Tensor>>& params, const OptimizerConfig& cfg,
-             bool fp32_master)
-    : cfg_(cfg), master_(fp32_master) {
+             bool fp32_master, bool fused)
+    : cfg_(cfg), master_(fp32_master), fused_(fused) {
   torch::NoGradGuard no_grad;
+  if (fused_ && !params.empty()) {
+    step_ = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(params.front().second.device()));
+  }
   for (const auto& [name, p] : params) {
     Slot s;
     s.name = name;
@@ -15,7 +20,7 @@ AdamW::AdamW(const std::vector<std::pair<std::string, torch::Tensor>>& params, c
     const auto& ref = master_ ? s.master : p;
     s.exp_avg = torch::zeros_like(ref);
     s.exp_avg_sq = torch::zeros_like(ref);
-    s.step = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(p.device()));
+    s.step = fused_ ? step_ : torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(p.device()));
     slots_.push_back(std::move(s));
   }
 }
@@ -24,7 +29,7 @@ std::vector<torch::Tensor> AdamW::Grads() {
   std::vector<torch::Tensor> g;
   g.reserve(slots_.size());
   for (auto& s : slots_) {
-    if (master_) {
+    if (master_ && !fused_) {  // the fused kernel reads bf16 gradients directly
       if (!s.grad32.defined()) s.grad32 = s.param.grad().to(torch::kFloat);
       g.push_back(s.grad32);
     } else {
@@ -46,6 +51,10 @@ torch::Tensor AdamW::GradNorm() {
 
 void AdamW::Clip(const torch::Tensor& norm, double max_norm) {
   torch::NoGradGuard no_grad;
+  if (fused_) {  // applied inside the step, saving a pass over the gradients
+    clip_coef_ = torch::clamp_max(max_norm / (norm + 1e-6), 1.0).to(torch::kFloat);
+    return;
+  }
   auto grads = Grads();
   auto coef = torch::clamp_max(max_norm / (norm + 1e-6), 1.0).to(grads.front().scalar_type());
   at::_foreach_mul_(grads, coef);
@@ -54,6 +63,21 @@ void AdamW::Clip(const torch::Tensor& norm, double max_norm) {
 void AdamW::Step(double lr, const torch::Tensor& found_inf) {
   torch::NoGradGuard no_grad;
   auto grads = Grads();
+  if (fused_) {
+    std::vector<torch::Tensor> p, mw, m, v;
+    std::vector<double> wd;
+    for (auto& s : slots_) {
+      p.push_back(s.param);
+      if (master_) mw.push_back(s.master);
+      m.push_back(s.exp_avg);
+      v.push_back(s.exp_avg_sq);
+      wd.push_back(s.decay ? cfg_.weight_decay : 0.0);
+    }
+    step_.add_(1).sub_(found_inf);  // a skipped step does not count (as _fused_adamw_'s callers do)
+    fused::AdamWStep(p, mw, grads, m, v, wd, {lr, cfg_.beta1, cfg_.beta2, cfg_.eps}, step_, clip_coef_, found_inf);
+    clip_coef_ = torch::Tensor();
+    return;
+  }
   for (bool decay : {true, false}) {
     std::vector<torch::Tensor> p, g, m, v, st;
     for (size_t i = 0; i < slots_.size(); ++i) {

@@ -18,8 +18,10 @@ namespace ftd::engine {
 
 class AdamW {
  public:
+  // fused: one multi-tensor kernel of ftd's (kernels/adamw.cu) with the clipping folded in, instead
+  // of LibTorch's _fused_adamw_ and a separate scaling pass.
   AdamW(const std::vector<std::pair<std::string, torch::Tensor>>& params, const OptimizerConfig& cfg,
-        bool fp32_master);
+        bool fp32_master, bool fused = false);
 
   // Global L2 norm of the gradients (fp32 scalar tensor, on the device). Call after backward.
   torch::Tensor GradNorm();
@@ -47,7 +49,10 @@ class AdamW {
   std::vector<torch::Tensor> Grads();
   OptimizerConfig cfg_;
   bool master_;
+  bool fused_;
   std::vector<Slot> slots_;
+  torch::Tensor step_;       // fused: the one step count every slot's `step` aliases
+  torch::Tensor clip_coef_;  // fused: the pending clip coefficient, applied inside the step
 };
 
 template <typename Lookup>

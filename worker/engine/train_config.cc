@@ -1,6 +1,8 @@
 #include "worker/engine/train_config.h"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 #include <numbers>
 
 #include "absl/strings/str_cat.h"
@@ -84,13 +86,54 @@ absl::Status TrainConfig::Validate() const {
     return Invalid("fp32_master_weights", "needs dtype bf16 (fp32 weights are their own master)",
                    "dtype=fp32");
   }
-  if (kernel_set != "eager") {
-    return Invalid("kernel_set", "must be \"eager\"", kernel_set);
+  if (kernel_set != "eager" && kernel_set != "fused") {
+    return Invalid("kernel_set", "must be \"eager\" (LibTorch ops) or \"fused\" (ftd's CUDA kernels)", kernel_set);
+  }
+  for (const auto& [op, impl] : kernels) {
+    if (std::none_of(kKernelOpNames.begin(), kKernelOpNames.end(), [&](const char* n) { return op == n; })) {
+      return Invalid(absl::StrCat("kernels.", op), absl::StrCat("is not an op; the ops are: ", absl::StrJoin(kKernelOpNames, ", ")),
+                     op);
+    }
+    if (impl != "eager" && impl != "fused") {
+      return Invalid(absl::StrCat("kernels.", op), "must be \"eager\" or \"fused\"", impl);
+    }
+  }
+  if (Kernels().any() && device == "cpu") {
+    return Invalid("kernel_set", absl::StrCat("uses fused CUDA kernels (", Kernels().ToString(),
+                                              "), which need a GPU, but spec.device is \"cpu\": use kernel_set \"eager\" on a CPU"),
+                   kernel_set);
   }
   if (peak_flops.has_value() && !(*peak_flops > 0)) {
     return Invalid("peak_flops", "must be > 0 FLOP/s (or unset)", absl::StrCat(*peak_flops));
   }
   return absl::OkStatus();
+}
+
+bool KernelChoice::any() const {
+  return std::any_of(fused.begin(), fused.end(), [](bool b) { return b; });
+}
+
+std::string KernelChoice::ToString() const {
+  std::vector<std::string> eager, fusedv;
+  for (size_t i = 0; i < fused.size(); ++i) (fused[i] ? fusedv : eager).push_back(kKernelOpNames[i]);
+  if (fusedv.empty()) return "eager";
+  if (eager.empty()) return "fused";
+  return absl::StrCat("fused (eager: ", absl::StrJoin(eager, ", "), ")");
+}
+
+const char* KernelChoice::Label() const {
+  const bool all = std::all_of(fused.begin(), fused.end(), [](bool b) { return b; });
+  return all ? "fused" : any() ? "mixed" : "eager";
+}
+
+KernelChoice TrainConfig::Kernels() const {
+  KernelChoice c;
+  for (size_t i = 0; i < kKernelOpNames.size(); ++i) {
+    c.fused[i] = kernel_set == "fused";
+    auto it = kernels.find(std::string(kKernelOpNames[i]));
+    if (it != kernels.end()) c.fused[i] = it->second == "fused";
+  }
+  return c;
 }
 
 double LearningRate(const OptimizerConfig& opt, const ScheduleConfig& sched, int64_t step,

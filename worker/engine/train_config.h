@@ -2,9 +2,12 @@
 // with every default in one place and validated up front. No LibTorch, no protobuf.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
 
@@ -45,6 +48,20 @@ struct CheckpointConfig {
   int32_t keep_last = 0;    // 0 = keep all
 };
 
+// The ops a kernel set chooses an implementation for (docs/job-spec.md, "Kernel sets").
+enum class KernelOp { kRmsNorm, kRope, kSwiGlu, kCrossEntropy, kLinearCrossEntropy, kAdamW };
+inline constexpr std::array<const char*, 6> kKernelOpNames = {
+    "rmsnorm", "rope", "swiglu", "cross_entropy", "linear_cross_entropy", "adamw"};
+
+// Which ops run our fused CUDA kernels (true) and which LibTorch's composite ops (false).
+struct KernelChoice {
+  std::array<bool, kKernelOpNames.size()> fused{};
+  bool operator[](KernelOp op) const { return fused[static_cast<size_t>(op)]; }
+  bool any() const;
+  std::string ToString() const;  // "eager", "fused", or "fused (eager: linear_cross_entropy)"
+  const char* Label() const;     // a closed set for metrics: "eager", "fused" or "mixed"
+};
+
 struct TrainConfig {
   ModelSource model;
   DataConfig data;
@@ -60,11 +77,14 @@ struct TrainConfig {
   bool fp32_master_weights = false;
   uint64_t seed = 0;             // init seed
   int32_t log_every = 1;         // steps
-  std::string kernel_set = "eager";
+  std::string kernel_set = "eager";  // "eager" | "fused": the default for every op
+  std::map<std::string, std::string> kernels;  // per-op overrides: op name -> "eager" | "fused"
   std::optional<double> peak_flops;  // FLOP/s; unset: looked up from the device name
 
   // Checks every field; the message names the field (as in the JSON spec) and the fix.
   absl::Status Validate() const;
+  // kernel_set with the per-op overrides applied (call after Validate).
+  KernelChoice Kernels() const;
 };
 
 // The learning rate at 0-based optimizer step `step` (docs/job-spec.md, "schedule").

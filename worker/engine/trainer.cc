@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "worker/engine/checkpoint.h"
 #include "worker/engine/engine.h"
+#include "worker/engine/fused_ops.h"
 #include "worker/engine/model.h"
 #include "worker/engine/optimizer.h"
 #include "worker/engine/token_data.h"
@@ -103,11 +104,22 @@ RunSummary Run(const TrainConfig& cfg, const RunHooks& hooks) {
   const bool bf16 = cfg.dtype == "bf16" || (cfg.dtype == "auto" && device.is_cuda());
   const torch::ScalarType dtype = bf16 ? torch::kBFloat16 : torch::kFloat;
 
+  const KernelChoice kernels = cfg.Kernels();
+  if (kernels.any() && !fused::Available()) {
+    return fail(Outcome::kInvalidSpec, "spec.kernel_set: this ftd-worker was built without the fused CUDA kernels (no "
+                                       "nvcc at build time); use kernel_set \"eager\"");
+  }
+  if (kernels.any() && !device.is_cuda()) {
+    return fail(Outcome::kInvalidSpec, absl::StrCat("spec.kernel_set: the fused CUDA kernels (", kernels.ToString(),
+                                                    ") need a GPU and this run is on the CPU; use kernel_set \"eager\""));
+  }
+
   auto mc = ModelConfigFor(cfg, device.is_cuda());
   if (!mc.ok()) return fail(Outcome::kInvalidSpec, std::string(mc.status().message()));
   auto model_or = LlamaModel::Create(*mc, device, dtype, cfg.seed);
   if (!model_or.ok()) return fail(Outcome::kInvalidSpec, std::string(model_or.status().message()));
   LlamaModel& model = **model_or;
+  model.SetKernels(kernels);
   if (!cfg.model.weights_path.empty()) {
     if (auto s = model.LoadWeights(cfg.model.weights_path); !s.ok()) {
       return fail(Outcome::kInvalidSpec, absl::StrCat("spec.model.weights_path: ", s.message()));
@@ -116,7 +128,7 @@ RunSummary Run(const TrainConfig& cfg, const RunHooks& hooks) {
   auto data_or = TokenData::Open(cfg.data, cfg.seq_len, cfg.batch_size, mc->vocab_size);
   if (!data_or.ok()) return fail(Outcome::kInvalidSpec, std::string(data_or.status().message()));
   TokenData& data = **data_or;
-  AdamW opt(model.named_parameters(), cfg.optimizer, cfg.fp32_master_weights);
+  AdamW opt(model.named_parameters(), cfg.optimizer, cfg.fp32_master_weights, kernels[KernelOp::kAdamW]);
 
   TrainerState state;
   state.batch_size = cfg.batch_size;
@@ -135,9 +147,9 @@ RunSummary Run(const TrainConfig& cfg, const RunHooks& hooks) {
       log(absl::StrCat("resumed from ", **latest, " at step ", state.step));
     }
   }
-  log(absl::StrFormat("model: %.3fB parameters (%d layers, hidden %d, vocab %d), %s on %s; data: %d tokens",
+  log(absl::StrFormat("model: %.3fB parameters (%d layers, hidden %d, vocab %d), %s on %s, kernels %s; data: %d tokens",
                       static_cast<double>(mc->NumParameters()) / 1e9, mc->num_hidden_layers, mc->hidden_size,
-                      mc->vocab_size, bf16 ? "bf16" : "fp32", device.str(), data.num_tokens()));
+                      mc->vocab_size, bf16 ? "bf16" : "fp32", device.str(), kernels.ToString(), data.num_tokens()));
 
   const double peak = cfg.peak_flops.value_or(PeakFlops(device));
   const double flops_per_token = model.TrainingFlopsPerToken(cfg.seq_len);
@@ -184,7 +196,7 @@ RunSummary Run(const TrainConfig& cfg, const RunHooks& hooks) {
     count = count.clamp_min(1.0);
     torch::Tensor loss_acc = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(device));
     for (auto& [ids, labels] : batches) {
-      auto loss = model.LossSum(ids, labels) / count;
+      auto loss = model.LossMean(ids, labels, count);
       loss.backward();
       loss_acc += loss.detach();
     }

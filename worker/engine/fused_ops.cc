@@ -1,0 +1,284 @@
+#include "worker/engine/fused_ops.h"
+
+#if FTD_HAVE_KERNELS
+#include <ATen/cuda/CUDAContext.h>
+
+#include "kernels/adamw.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/fused_linear_ce.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
+#include "kernels/swiglu.h"
+#endif
+
+namespace ftd::engine::fused {
+
+#if FTD_HAVE_KERNELS
+
+namespace k = ftd::kernels;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+namespace {
+
+void Check(cudaError_t e, const char* what) {
+  TORCH_CHECK(e == cudaSuccess, "fused kernel ", what, " failed: ", cudaGetErrorString(e));
+}
+
+k::DType KDType(const torch::Tensor& t, const char* what) {
+  TORCH_CHECK(t.is_cuda(), "fused kernels run on CUDA tensors only (", what, " is on ", t.device(), ")");
+  if (t.scalar_type() == torch::kBFloat16) return k::DType::kBF16;
+  if (t.scalar_type() == torch::kFloat) return k::DType::kF32;
+  TORCH_CHECK(false, "fused kernels take bf16 or fp32 tensors (", what, " is ", t.scalar_type(), ")");
+}
+
+cudaStream_t Stream() { return at::cuda::getCurrentCUDAStream().stream(); }
+
+torch::Tensor Workspace(size_t bytes, const torch::Tensor& like) {
+  return torch::empty({static_cast<int64_t>(std::max<size_t>(bytes, 16))},
+                      torch::TensorOptions().dtype(torch::kUInt8).device(like.device()));
+}
+
+// ---- RMSNorm -----------------------------------------------------------------------------------
+struct RmsNormFn : public torch::autograd::Function<RmsNormFn> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x_in, const torch::Tensor& w, double eps) {
+    const auto dt = KDType(x_in, "rmsnorm x");
+    TORCH_CHECK(w.scalar_type() == x_in.scalar_type() && w.dim() == 1 && w.size(0) == x_in.size(-1),
+                "rmsnorm: w must be [", x_in.size(-1), "] of x's dtype");
+    auto x = x_in.contiguous();
+    const int64_t n = x.size(-1), rows = x.numel() / n;
+    auto y = torch::empty_like(x);
+    auto rstd = torch::empty({rows}, x.options().dtype(torch::kFloat));
+    Check(k::RmsNormForward(dt, x.data_ptr(), w.contiguous().data_ptr(), y.data_ptr(), rstd.data_ptr<float>(), rows, n,
+                            static_cast<float>(eps), Stream()),
+          "RmsNormForward");
+    ctx->save_for_backward({x, w, rstd});
+    return y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const auto& x = saved[0];
+    auto w = saved[1].contiguous();
+    const auto& rstd = saved[2];
+    auto dy = grads[0].contiguous();
+    const int64_t n = x.size(-1), rows = x.numel() / n;
+    auto dx = torch::empty_like(x);
+    auto dw = torch::empty_like(w);
+    auto ws = Workspace(k::RmsNormBackwardWorkspaceBytes(rows, n), x);
+    Check(k::RmsNormBackward(KDType(x, "rmsnorm x"), dy.data_ptr(), x.data_ptr(), w.data_ptr(), rstd.data_ptr<float>(),
+                             dx.data_ptr(), dw.data_ptr(), ws.data_ptr(), rows, n, Stream()),
+          "RmsNormBackward");
+    return {dx, dw, torch::Tensor()};
+  }
+};
+
+// ---- RoPE --------------------------------------------------------------------------------------
+struct RopeFn : public torch::autograd::Function<RopeFn> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x_in, const torch::Tensor& cos,
+                               const torch::Tensor& sin) {
+    const auto dt = KDType(x_in, "rope x");
+    TORCH_CHECK(x_in.dim() == 4 && x_in.size(3) % 2 == 0, "rope: x must be [B, T, H, D] with D even");
+    TORCH_CHECK(cos.scalar_type() == torch::kFloat && cos.is_contiguous() && sin.is_contiguous() &&
+                    cos.size(0) >= x_in.size(1) && cos.size(1) == x_in.size(3) / 2,
+                "rope: cos/sin must be contiguous fp32 [T, D/2]");
+    auto x = x_in.contiguous();
+    auto out = torch::empty_like(x);
+    Check(k::RopeForward(dt, x.data_ptr(), out.data_ptr(), cos.data_ptr<float>(), sin.data_ptr<float>(), x.size(0),
+                         x.size(1), x.size(2), x.size(3), Stream()),
+          "RopeForward");
+    ctx->save_for_backward({cos, sin});
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    auto dy = grads[0].contiguous();
+    auto dx = torch::empty_like(dy);
+    Check(k::RopeBackward(KDType(dy, "rope dy"), dy.data_ptr(), dx.data_ptr(), saved[0].data_ptr<float>(),
+                          saved[1].data_ptr<float>(), dy.size(0), dy.size(1), dy.size(2), dy.size(3), Stream()),
+          "RopeBackward");
+    return {dx, torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// ---- SwiGLU ------------------------------------------------------------------------------------
+struct SwiGluFn : public torch::autograd::Function<SwiGluFn> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& gate_in, const torch::Tensor& up_in) {
+    const auto dt = KDType(gate_in, "swiglu gate");
+    TORCH_CHECK(gate_in.sizes() == up_in.sizes() && gate_in.scalar_type() == up_in.scalar_type(),
+                "swiglu: gate and up must have the same shape and dtype");
+    auto gate = gate_in.contiguous(), up = up_in.contiguous();
+    auto out = torch::empty_like(gate);
+    Check(k::SwiGluForward(dt, gate.data_ptr(), up.data_ptr(), out.data_ptr(), gate.numel(), Stream()),
+          "SwiGluForward");
+    ctx->save_for_backward({gate, up});
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const auto& gate = saved[0];
+    const auto& up = saved[1];
+    auto dout = grads[0].contiguous();
+    auto dgate = torch::empty_like(gate), dup = torch::empty_like(up);
+    Check(k::SwiGluBackward(KDType(gate, "swiglu gate"), dout.data_ptr(), gate.data_ptr(), up.data_ptr(),
+                            dgate.data_ptr(), dup.data_ptr(), gate.numel(), Stream()),
+          "SwiGluBackward");
+    return {dgate, dup};
+  }
+};
+
+// ---- cross-entropy -----------------------------------------------------------------------------
+struct CrossEntropyFn : public torch::autograd::Function<CrossEntropyFn> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits_in, const torch::Tensor& labels_in,
+                               int64_t ignore_index) {
+    const auto dt = KDType(logits_in, "cross_entropy logits");
+    TORCH_CHECK(logits_in.dim() == 2 && labels_in.numel() == logits_in.size(0), "cross_entropy: logits [N, V], labels [N]");
+    auto logits = logits_in.stride(1) == 1 ? logits_in : logits_in.contiguous();
+    auto labels = labels_in.to(torch::kLong).contiguous();
+    const int64_t rows = logits.size(0), vocab = logits.size(1);
+    auto opts = logits.options().dtype(torch::kFloat);
+    auto loss = torch::empty({rows}, opts), lse = torch::empty({rows}, opts);
+    Check(k::CrossEntropyForward(dt, logits.data_ptr(), logits.stride(0), labels.data_ptr<int64_t>(),
+                                 loss.data_ptr<float>(), lse.data_ptr<float>(), rows, vocab, ignore_index, Stream()),
+          "CrossEntropyForward");
+    ctx->save_for_backward({logits, labels, lse});
+    ctx->saved_data["ignore_index"] = ignore_index;
+    return loss.sum();
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const auto& logits = saved[0];
+    const auto& labels = saved[1];
+    const auto& lse = saved[2];
+    auto g = grads[0].to(torch::kFloat).contiguous();  // 0-dim: the same weight for every row
+    auto dlogits = torch::empty({logits.size(0), logits.size(1)}, logits.options());
+    Check(k::CrossEntropyBackward(KDType(logits, "cross_entropy logits"), logits.data_ptr(), logits.stride(0),
+                                  labels.data_ptr<int64_t>(), lse.data_ptr<float>(), g.data_ptr<float>(), 0,
+                                  dlogits.data_ptr(), dlogits.stride(0), logits.size(0), logits.size(1),
+                                  ctx->saved_data["ignore_index"].toInt(), Stream()),
+          "CrossEntropyBackward");
+    return {dlogits, torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// ---- fused linear cross-entropy -----------------------------------------------------------------
+// Rows per chunk: the chunk's logits [chunk, V] are the only vocabulary-sized buffer (2048 x 128256
+// bf16 = 0.5 GB for LLaMA-3's vocabulary). FTD_FLCE_CHUNK_ROWS overrides it (benchmarking).
+int64_t ChunkRows(int64_t rows) {
+  int64_t chunk = 2048;
+  if (const char* env = std::getenv("FTD_FLCE_CHUNK_ROWS"); env != nullptr && std::atoll(env) > 0) chunk = std::atoll(env);
+  return std::max<int64_t>(1, std::min(rows, chunk));
+}
+
+struct LinearCrossEntropyFn : public torch::autograd::Function<LinearCrossEntropyFn> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x_in, const torch::Tensor& w_in,
+                               const torch::Tensor& labels_in, const torch::Tensor& scale_in, int64_t ignore_index) {
+    const auto dt = KDType(x_in, "linear_cross_entropy x");
+    TORCH_CHECK(x_in.dim() == 2 && w_in.dim() == 2 && x_in.size(1) == w_in.size(1) &&
+                    x_in.scalar_type() == w_in.scalar_type() && labels_in.numel() == x_in.size(0),
+                "linear_cross_entropy: x [N, H], w [V, H] of one dtype, labels [N]");
+    auto x = x_in.contiguous(), w = w_in.contiguous();
+    auto labels = labels_in.to(torch::kLong).contiguous();
+    const int64_t rows = x.size(0), hidden = x.size(1), vocab = w.size(0), chunk = ChunkRows(rows);
+    auto opts = x.options().dtype(torch::kFloat);
+    auto loss = torch::empty({rows}, opts), lse = torch::empty({rows}, opts);
+    auto dx = torch::empty_like(x), dw = torch::empty_like(w);
+    auto scale = scale_in.to(x.device(), torch::kFloat).reshape({});
+    const size_t ws_bytes = k::FusedLinearCrossEntropyWorkspaceBytes(dt, rows, hidden, vocab, chunk);
+    auto ws = Workspace(ws_bytes, x);
+    Check(k::FusedLinearCrossEntropy(at::cuda::getCurrentCUDABlasHandle(), dt, x.data_ptr(), w.data_ptr(),
+                                     labels.data_ptr<int64_t>(), loss.data_ptr<float>(), lse.data_ptr<float>(),
+                                     dx.data_ptr(), dw.data_ptr(), /*accumulate_dweight=*/false,
+                                     scale.data_ptr<float>(), ws.data_ptr(), ws_bytes, rows, hidden, vocab, chunk,
+                                     ignore_index, Stream()),
+          "FusedLinearCrossEntropy");
+    // The gradients of scale * sum(loss) are computed here; backward only multiplies them by the
+    // incoming gradient (exactly 1 when this is the loss that backward starts from).
+    ctx->save_for_backward({dx, dw});
+    return loss.sum() * scale;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    auto g = grads[0];  // 0-dim
+    auto dx = saved[0].mul_(g.to(saved[0].scalar_type()));
+    auto dw = saved[1].mul_(g.to(saved[1].scalar_type()));
+    return {dx, dw, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+bool Available() { return true; }
+
+torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& w, double eps) { return RmsNormFn::apply(x, w, eps); }
+torch::Tensor Rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  return RopeFn::apply(x, cos, sin);
+}
+torch::Tensor SwiGlu(const torch::Tensor& gate, const torch::Tensor& up) { return SwiGluFn::apply(gate, up); }
+torch::Tensor CrossEntropySum(const torch::Tensor& logits, const torch::Tensor& labels, int64_t ignore_index) {
+  return CrossEntropyFn::apply(logits, labels, ignore_index);
+}
+torch::Tensor LinearCrossEntropy(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& labels,
+                                 const torch::Tensor& scale, int64_t ignore_index) {
+  return LinearCrossEntropyFn::apply(x, w, labels, scale, ignore_index);
+}
+
+void AdamWStep(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& masters,
+               const std::vector<torch::Tensor>& grads, const std::vector<torch::Tensor>& exp_avgs,
+               const std::vector<torch::Tensor>& exp_avg_sqs, const std::vector<double>& weight_decays,
+               const AdamWHyper& h, const torch::Tensor& step, const torch::Tensor& grad_scale,
+               const torch::Tensor& found_inf) {
+  if (params.empty()) return;
+  std::vector<k::AdamWTensor> ts(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    TORCH_CHECK(params[i].is_contiguous() && grads[i].is_contiguous() && exp_avgs[i].is_contiguous() &&
+                    exp_avg_sqs[i].is_contiguous(),
+                "adamw: tensors must be contiguous");
+    ts[i].param = params[i].data_ptr();
+    ts[i].master = masters.empty() ? nullptr : masters[i].data_ptr<float>();
+    ts[i].grad = grads[i].data_ptr();
+    ts[i].exp_avg = exp_avgs[i].data_ptr();
+    ts[i].exp_avg_sq = exp_avg_sqs[i].data_ptr();
+    ts[i].numel = params[i].numel();
+    ts[i].weight_decay = static_cast<float>(weight_decays[i]);
+  }
+  k::AdamWParams p{};
+  p.lr = static_cast<float>(h.lr);
+  p.beta1 = static_cast<float>(h.beta1);
+  p.beta2 = static_cast<float>(h.beta2);
+  p.eps = static_cast<float>(h.eps);
+  p.param_dtype = KDType(params[0], "adamw param");
+  p.grad_dtype = KDType(grads[0], "adamw grad");
+  p.moment_dtype = KDType(exp_avgs[0], "adamw exp_avg");
+  Check(k::AdamWStep(ts.data(), static_cast<int>(ts.size()), p, step.data_ptr<float>(),
+                     grad_scale.defined() ? grad_scale.data_ptr<float>() : nullptr,
+                     found_inf.defined() ? found_inf.data_ptr<float>() : nullptr, Stream()),
+        "AdamWStep");
+}
+
+#else  // built without nvcc: the fused set is refused before any of these is reached
+
+namespace {
+[[noreturn]] void Missing() {
+  TORCH_CHECK(false, "this ftd-worker was built without the fused CUDA kernels (no nvcc at build time); use kernel_set "
+                     "\"eager\"");
+}
+}  // namespace
+
+bool Available() { return false; }
+torch::Tensor RmsNorm(const torch::Tensor&, const torch::Tensor&, double) { Missing(); }
+torch::Tensor Rope(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&) { Missing(); }
+torch::Tensor SwiGlu(const torch::Tensor&, const torch::Tensor&) { Missing(); }
+torch::Tensor CrossEntropySum(const torch::Tensor&, const torch::Tensor&, int64_t) { Missing(); }
+torch::Tensor LinearCrossEntropy(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&,
+                                 int64_t) {
+  Missing();
+}
+void AdamWStep(const std::vector<torch::Tensor>&, const std::vector<torch::Tensor>&, const std::vector<torch::Tensor>&,
+               const std::vector<torch::Tensor>&, const std::vector<torch::Tensor>&, const std::vector<double>&,
+               const AdamWHyper&, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&) {
+  Missing();
+}
+
+#endif
+
+}  // namespace ftd::engine::fused
