@@ -1,8 +1,9 @@
-"""End-to-end training benchmark on a GPU: ftd-worker (eager kernel set) against HF transformers
-eager, the LLaMA-3.1-8B shape, same token windows, same hyperparameters, run one after the other
-in the same invocation. Prints a markdown table and writes train_bench.json.
+"""End-to-end training benchmark on a GPU: ftd-worker with the eager and the fused kernel sets
+against HF transformers eager, the LLaMA-3.1-8B shape, same token windows, same hyperparameters,
+run one after the other in the same invocation. Prints a markdown table and writes train_bench.json.
 
   python3 bench/train_bench.py --worker build-gpu/worker/ftd-worker --out DIR [--shapes 1x512,4x2048,8x2048]
+      [--impls eager,fused,hf] [--repeat N]
 """
 import argparse
 import json
@@ -41,7 +42,7 @@ def run_ours(worker, tokens, b, t, steps, out_dir, extra):
     sys.stderr.write("".join(l + "\n" for l in p.stderr.splitlines() if "phases" in l))
     lines = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
     result = next((l for l in lines if l["event"] == "result"), {"outcome": "FAILED", "message": p.stderr[-2000:]})
-    return {"impl": "ftd-eager", "steps": [l for l in lines if l["event"] == "step"], "outcome": result["outcome"],
+    return {"impl": f"ftd-{extra.get('kernel_set', 'eager')}", "steps": [l for l in lines if l["event"] == "step"], "outcome": result["outcome"],
             "message": result.get("message", "")}
 
 
@@ -62,7 +63,7 @@ def main():
     ap.add_argument("--shapes", default="1x512,4x2048,8x2048")
     ap.add_argument("--steps", type=int, default=13)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--impls", default="ftd,hf")
+    ap.add_argument("--impls", default="eager,fused,hf", help="ftd kernel sets (eager, fused) and/or hf")
     ap.add_argument("--repeat", type=int, default=1, help="alternate the implementations this many times")
     args = ap.parse_args()
     out = Path(args.out)
@@ -74,7 +75,10 @@ def main():
     rows = []
     for b, t in shapes:
         for impl in args.impls.split(",") * args.repeat:
-            r = run_ours(args.worker, tokens, b, t, args.steps, out, {}) if impl == "ftd" else run_hf(tokens, b, t, args.steps)
+            if impl == "hf":
+                r = run_hf(tokens, b, t, args.steps)
+            else:
+                r = run_ours(args.worker, tokens, b, t, args.steps, out, {"kernel_set": "eager" if impl == "ftd" else impl})
             r.update(batch=b, seq=t, summary=summarize(r["steps"], args.warmup) if r["outcome"] == "SUCCEEDED" else None)
             rows.append(r)
             print(f"# {r['impl']} {b}x{t}: {r['outcome']} {r.get('message', '')[:300]}", flush=True)

@@ -3,6 +3,7 @@
 //   ftctl list [--state S]... [--owner O] [--kind K] [-o table|json]
 //   ftctl get ID [-o text|json]      ftctl watch ID [-o text|json]
 //   ftctl cancel ID                  ftctl wait ID
+//   ftctl profile ID [--trace FILE] [--top N]      ftctl compare A B [--top N]
 // The address comes from --addr, then $FTD_ADDR, then the config file ($FTCTL_CONFIG, else
 // $XDG_CONFIG_HOME/ftd/ftctl.json or ~/.config/ftd/ftctl.json: {"addr": "host:port", "timeout_s": 30}),
 // then 127.0.0.1:7070. Exit codes: 0 ok (or the job SUCCEEDED), 1 the job FAILED, 2 the job was
@@ -21,6 +22,7 @@
 #include <thread>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/job_client.h"
 #include "client/render.h"
@@ -226,6 +228,20 @@ int main(int argc, char** argv) {
   auto* waitc = app.add_subcommand("wait", "Wait for a job to end; exit 0 succeeded, 1 failed, 2 cancelled");
   waitc->add_option("id", id, "job id")->required();
 
+  auto* profile = app.add_subcommand("profile", "Show a PROFILE job's per-op table; --trace downloads its trace");
+  std::string trace_path, profile_output = "text";
+  int top = 25;
+  profile->add_option("id", id, "job id")->required();
+  profile->add_option("--trace", trace_path, "write the Chrome/Perfetto trace JSON to this file");
+  profile->add_option("--top", top, "rows of the table (0: all)")->check(CLI::NonNegativeNumber);
+  profile->add_option("-o,--output", profile_output, "text or json")->check(CLI::IsMember({"text", "json"}));
+
+  auto* compare = app.add_subcommand("compare", "Two PROFILE jobs side by side per op (time, calls, difference)");
+  std::string id_b;
+  compare->add_option("a", id, "job id A (e.g. the eager run)")->required();
+  compare->add_option("b", id_b, "job id B (e.g. the fused run)")->required();
+  compare->add_option("--top", top, "rows (0: all)")->check(CLI::NonNegativeNumber);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -320,6 +336,41 @@ int main(int argc, char** argv) {
     if (!job.ok()) return Fail(job.status());
     std::cout << job->id() << " " << ftd::v1::JobState_Name(job->state()) << " " << job->reason() << ": "
               << job->message() << std::endl;
+    return 0;
+  }
+  // A profile is ready once the job has one; a job still running has none yet.
+  auto profile_of = [&](const std::string& job_id) -> absl::StatusOr<ftd::v1::ProfileReport> {
+    auto job = client.Get(job_id);
+    if (!job.ok()) return job.status();
+    if (job->kind() != ftd::v1::PROFILE) {
+      return absl::FailedPreconditionError(absl::StrCat(job_id, " is not a PROFILE job (submit with --kind profile)"));
+    }
+    if (!job->has_profile()) {
+      return absl::FailedPreconditionError(absl::StrCat(job_id, " has no profile yet (", ftd::v1::JobState_Name(job->state()),
+                                                        " ", job->reason(), "); ftctl wait ", job_id, " first"));
+    }
+    return job->profile();
+  };
+  if (*profile) {
+    auto p = profile_of(id);
+    if (!p.ok()) return Fail(p.status());
+    if (!trace_path.empty()) {
+      std::ofstream out(trace_path, std::ios::binary | std::ios::trunc);
+      if (!out) return Usage(absl::StrCat("cannot write --trace ", trace_path));
+      int64_t bytes = 0;
+      if (auto st = client.DownloadTrace(id, out, &bytes); !st.ok()) return Fail(st);
+      std::cerr << "ftctl: wrote " << bytes << " bytes of trace to " << trace_path
+                << " (open it in https://ui.perfetto.dev or chrome://tracing)" << std::endl;
+    }
+    std::cout << (profile_output == "json" ? ftd::client::ToJson(*p, true) + "\n" : ftd::worker::ProfileTable(*p, top));
+    return 0;
+  }
+  if (*compare) {
+    auto a = profile_of(id);
+    if (!a.ok()) return Fail(a.status());
+    auto b = profile_of(id_b);
+    if (!b.ok()) return Fail(b.status());
+    std::cout << ftd::client::CompareTable(id, *a, id_b, *b, top);
     return 0;
   }
   if (*waitc) {

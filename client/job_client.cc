@@ -79,6 +79,29 @@ absl::StatusOr<ftd::v1::Job> JobClient::Cancel(const std::string& id) {
   return Unary<ftd::v1::Job>([&](grpc::ClientContext* c, ftd::v1::Job* r) { return stub_->CancelJob(c, req, r); });
 }
 
+absl::Status JobClient::DownloadTrace(const std::string& id, std::ostream& out, int64_t* bytes) {
+  grpc::ClientContext ctx;
+  // Big traces take a while; the deadline covers the whole transfer, generously.
+  ctx.set_deadline(std::chrono::system_clock::now() + std::max(opts_.timeout, std::chrono::milliseconds(600000)));
+  ftd::v1::GetTraceRequest req;
+  req.set_id(id);
+  auto reader = stub_->GetTrace(&ctx, req);
+  ftd::v1::TraceChunk chunk;
+  *bytes = 0;
+  int64_t total = -1;
+  while (reader->Read(&chunk)) {
+    out.write(chunk.data().data(), static_cast<std::streamsize>(chunk.data().size()));
+    *bytes += static_cast<int64_t>(chunk.data().size());
+    total = chunk.total_bytes();
+  }
+  if (auto st = FromGrpc(reader->Finish()); !st.ok()) return st;
+  if (!out) return absl::DataLossError("could not write the trace file");
+  if (total >= 0 && total != *bytes) {
+    return absl::DataLossError(absl::StrCat("the trace arrived incomplete (", *bytes, " of ", total, " bytes)"));
+  }
+  return absl::OkStatus();
+}
+
 void JobClient::Interrupt() {
   std::lock_guard<std::mutex> l(mu_);
   interrupted_ = true;

@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <ostream>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -40,6 +41,9 @@ class JobClient {
   absl::Status Watch(const std::string& id, int64_t after_seq,
                      const std::function<void(const ftd::v1::JobEvent&)>& on_event,
                      const std::function<void(const std::string&)>& on_reconnect);
+  // Writes a PROFILE job's Chrome trace to `out` as it streams in; *bytes is what was written.
+  absl::Status DownloadTrace(const std::string& id, std::ostream& out, int64_t* bytes);
+
   // Ends a Watch in progress from another thread (e.g. on Ctrl-C).
   void Interrupt();
 

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <ctime>
+#include <map>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -129,6 +131,51 @@ std::string JobText(const Job& j) {
   return out;
 }
 
+std::string CompareTable(const std::string& a_id, const ftd::v1::ProfileReport& a, const std::string& b_id,
+                         const ftd::v1::ProfileReport& b, int top) {
+  struct Pair {
+    const ftd::v1::OpProfile* a = nullptr;
+    const ftd::v1::OpProfile* b = nullptr;
+  };
+  std::map<std::tuple<std::string, std::string, std::string>, Pair> ops;  // (phase, op, category)
+  for (const auto& o : a.ops()) ops[{o.phase(), o.name(), o.category()}].a = &o;
+  for (const auto& o : b.ops()) ops[{o.phase(), o.name(), o.category()}].b = &o;
+  std::vector<std::pair<std::tuple<std::string, std::string, std::string>, Pair>> rows(ops.begin(), ops.end());
+  auto ms = [](const ftd::v1::OpProfile* o) { return o == nullptr ? 0.0 : o->device_ms(); };
+  std::stable_sort(rows.begin(), rows.end(), [&](const auto& x, const auto& y) {
+    return std::max(ms(x.second.a), ms(x.second.b)) > std::max(ms(y.second.a), ms(y.second.b));
+  });
+  const char* unit = a.device() == "cpu" && b.device() == "cpu" ? "CPU" : "device";
+  std::string out = absl::StrFormat("A = %s (%s, %.1f ms %s time/step)   B = %s (%s, %.1f ms %s time/step)\n\n", a_id,
+                                    a.kernel_set(), a.step_device_ms(), unit, b_id, b.kernel_set(),
+                                    b.step_device_ms(), unit);
+  absl::StrAppendFormat(&out, "%-48s %-9s %-13s %10s %10s %10s %8s %8s %8s\n", "op", "phase", "category", "A ms",
+                        "B ms", "B-A ms", "B/A", "A calls", "B calls");
+  auto cell = [](const ftd::v1::OpProfile* o, double v) { return o == nullptr ? std::string("-") : absl::StrFormat("%.3f", v); };
+  int n = 0;
+  for (const auto& [key, p] : rows) {
+    if (top > 0 && n++ >= top) break;
+    const double da = ms(p.a), db = ms(p.b);
+    const auto& [phase, op, category] = key;
+    std::string name = op.size() > 48 ? op.substr(0, 45) + "..." : op;
+    absl::StrAppendFormat(&out, "%-48s %-9s %-13s %10s %10s %+10.3f %8s %8s %8s\n", name, phase, category, cell(p.a, da),
+                          cell(p.b, db), db - da, da > 0 && p.b != nullptr ? absl::StrFormat("%.2fx", db / da) : "-",
+                          p.a ? absl::StrFormat("%.0f", p.a->calls()) : "-",
+                          p.b ? absl::StrFormat("%.0f", p.b->calls()) : "-");
+  }
+  std::map<std::string, std::pair<double, double>> cats;
+  for (const auto& c : a.categories()) cats[c.category()].first = c.device_ms();
+  for (const auto& c : b.categories()) cats[c.category()].second = c.device_ms();
+  absl::StrAppendFormat(&out, "\n%-14s %10s %10s %10s\n", "category", "A ms", "B ms", "B-A ms");
+  for (const auto& [c, v] : cats) {
+    if (v.first == 0 && v.second == 0) continue;
+    absl::StrAppendFormat(&out, "%-14s %10.3f %10.3f %+10.3f\n", c, v.first, v.second, v.second - v.first);
+  }
+  absl::StrAppendFormat(&out, "%-14s %10.3f %10.3f %+10.3f\n", "step", a.step_device_ms(), b.step_device_ms(),
+                        b.step_device_ms() - a.step_device_ms());
+  return out;
+}
+
 std::string EventLine(const JobEvent& e) {
   const std::string when = FormatTimeUtc(e.unix_ms());
   if (e.has_step()) {
@@ -142,6 +189,7 @@ std::string EventLine(const JobEvent& e) {
       absl::StrAppend(&line, "  rss ", FormatBytes(s.peak_rss_bytes()));
     }
     if (s.mfu() > 0) absl::StrAppendFormat(&line, "  mfu %.1f%%", 100 * s.mfu());
+    if (s.nvml_available()) absl::StrAppendFormat(&line, "  %.0f W  %.3f J/token", s.power_w(), s.joules_per_token());
     absl::StrAppend(&line, "  eta ", FormatDuration(static_cast<double>(s.total_steps() - s.step()) * s.step_time_s()));
     return line;
   }
@@ -151,6 +199,11 @@ std::string EventLine(const JobEvent& e) {
                         j.message().empty() ? "" : absl::StrCat(": ", j.message()));
   }
   if (e.has_log()) return absl::StrCat(when, "  log: ", e.log());
+  if (e.has_profile()) {
+    return absl::StrFormat("%s  profile ready: %d op rows, %.1f ms %s time per step, trace %s", when,
+                           e.profile().ops_size(), e.profile().step_device_ms(), e.profile().device() == "cpu" ? "CPU" : "device",
+                           FormatBytes(static_cast<uint64_t>(e.profile().trace_bytes())));
+  }
   if (e.has_result()) {
     return absl::StrCat(when, "  result: ", ftd::v1::RunResult::Outcome_Name(e.result().outcome()),
                         e.result().message().empty() ? "" : absl::StrCat(": ", e.result().message()));

@@ -21,6 +21,11 @@ std::string JobText(const ftd::v1::Job& job);
 // One line per event: state changes, steps (step/total, loss, tokens/s, memory, ETA), logs, result.
 std::string EventLine(const ftd::v1::JobEvent& e);
 
+// Two profiles side by side, per (phase, op): device ms of A and B, the difference, calls; the
+// `top` rows with the largest time in either (0: all), then the categories.
+std::string CompareTable(const std::string& a_id, const ftd::v1::ProfileReport& a, const std::string& b_id,
+                         const ftd::v1::ProfileReport& b, int top);
+
 // Pieces, exposed for tests.
 std::string FormatDuration(double seconds);  // "42s", "3m05s", "2h01m"
 std::string FormatBytes(uint64_t bytes);     // "512 MiB", "1.5 GiB"

@@ -1,37 +1,74 @@
 #!/usr/bin/env bash
-# Build + every test (GPU ones included) + the end-to-end training benchmark, in one go, on a GPU
-# machine whose python3 has torch 2.11 (CUDA) and transformers. Debian packages the machine lacks
-# (gRPC, Abseil, prometheus-cpp, GoogleTest, CLI11, JSON) come unpacked from .devdeps/ when present
-# (scripts/fetch-gpu-deps.sh fills it). Results go to $OUT (default: gpu-out/).
-#   scripts/gpu.sh [all|build|test|default|bench]
+# On a GPU machine whose python3 has torch 2.11 (CUDA) and transformers: builds ftd, runs the GPU
+# tests and the benchmarks, in one go. Debian packages the machine lacks (gRPC, Abseil,
+# prometheus-cpp, GoogleTest, CLI11, JSON) come unpacked from .devdeps/ when present
+# (scripts/fetch-gpu-deps.sh fills it on a development machine). Results go to $OUT (default gpu-out/).
+#   scripts/gpu.sh [STAGE...]    stages, run in the order given: build test kbench e2e service profile
+#                                default (none given: build test kbench e2e service profile)
+# Environment: BENCH_ARGS (bench/train_bench.py flags), KBENCH_ARGS (ftd-kernel-bench flags),
+# CUDA_ARCHS (default "90;100;103": the H100/H200 and the B200/GB300 in one binary).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-what=${1:-all}
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=(build test kbench e2e service profile)
 out=${OUT:-$root/gpu-out}
 mkdir -p "$out"
 build=$root/build-gpu
-if [ -x .devdeps/install.sh ]; then bash .devdeps/install.sh || exit 1; fi
+export PYTHONUNBUFFERED=1
+if [ -x .devdeps/install.sh ]; then bash .devdeps/install.sh >/dev/null || exit 1; fi
+# Python packages the machine lacks (pytest for the GPU tests), carried as wheels in .whl/.
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/ftd-site .whl/*.whl \
+    && export PYTHONPATH=/tmp/ftd-site${PYTHONPATH:+:$PYTHONPATH}
+fi
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+rc=0
+has() { local s; for s in "${stages[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
+t0=$(date +%s)
+stamp() { echo "[gpu.sh +$(( $(date +%s) - t0 ))s] $*"; }
+
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 python3 -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__)' | tee -a "$out/gpu.txt"
-if [ ! -f "$build/CMakeCache.txt" ]; then
-  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_PREFIX_PATH="$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')" \
-    -DPython3_EXECUTABLE="$(command -v python3)" > "$out/configure.log" 2>&1 || { tail -40 "$out/configure.log"; exit 1; }
-fi
-cmake --build "$build" -j"$(nproc)" > "$out/build.log" 2>&1 || { grep -E "error|Error" -A5 "$out/build.log" | head -60; exit 1; }
-echo "build ok"
-rc=0
-if [ "$what" = all ] || [ "$what" = test ]; then
-  (cd "$build" && ctest --output-on-failure -j4 2>&1) > "$out/ctest.log"; rc=$?
-  tail -15 "$out/ctest.log"
-fi
-if [ "$what" = all ] || [ "$what" = default ]; then
-  # The README's main job on its embedded default (the 8B shape on a GPU), shortened.
-  "$build/worker/ftd-worker" run --default --format text --set steps=${DEFAULT_STEPS:-10} 2>&1 | tee "$out/default-job.log" | tail -4
-fi
-if [ "$what" = all ] || [ "$what" = bench ]; then
-  python3 bench/train_bench.py --worker "$build/worker/ftd-worker" --out "$out" ${BENCH_ARGS:-} 2>&1 | tee "$out/bench.log"
-fi
+
+build_ftd() {
+  stamp "build"
+  if [ ! -f "$build/CMakeCache.txt" ]; then
+    cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90;100;103}" \
+      -DCMAKE_PREFIX_PATH="$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')" \
+      -DPython3_EXECUTABLE="$(command -v python3)" > "$out/configure.log" 2>&1 || { tail -40 "$out/configure.log"; exit 1; }
+  fi
+  cmake --build "$build" -j"$(nproc)" > "$out/build.log" 2>&1 || { grep -E "error|Error" -A5 "$out/build.log" | head -60; exit 1; }
+  stamp "build ok"
+}
+[ -x "$build/worker/ftd-worker" ] || has build || build_ftd
+for stage in "${stages[@]}"; do
+  case "$stage" in
+    build) build_ftd ;;
+    test)
+      stamp "GPU tests"
+      (cd "$build" && ctest -L gpu --output-on-failure -j1 --timeout 900 2>&1) > "$out/ctest-gpu.log" || rc=1
+      grep -E "Test +#|tests passed|tests failed|FAILED|Failed|Error|assert" "$out/ctest-gpu.log" | head -60 ;;
+    kbench)
+      stamp "kernel benchmark"
+      "$build/bench/ftd-kernel-bench" --json "$out/kernel_bench.json" ${KBENCH_ARGS:-} > "$out/kernel_bench.md" \
+        2> "$out/kernel_bench.err" || { tail -20 "$out/kernel_bench.err"; rc=1; }
+      cat "$out/kernel_bench.md" ;;
+    e2e)
+      stamp "end-to-end training benchmark"
+      python3 bench/train_bench.py --worker "$build/worker/ftd-worker" --out "$out" ${BENCH_ARGS:-} 2>&1 \
+        | tee "$out/train_bench.log" | grep -v "^{" ;;
+    service)
+      stamp "through ftd and ftctl vs standalone"
+      python3 bench/service_bench.py --build "$build" --out "$out" ${SERVICE_ARGS:-} 2>&1 | tee "$out/service_bench.log" ;;
+    profile)
+      stamp "profiles"
+      python3 bench/profile_bench.py --build "$build" --out "$out" ${PROFILE_ARGS:-} 2>&1 | tee "$out/profile_bench.log" ;;
+    default)
+      "$build/worker/ftd-worker" run --default --format text --set steps=${DEFAULT_STEPS:-10} 2>&1 \
+        | tee "$out/default-job.log" | tail -4 ;;
+    *) echo "gpu.sh: unknown stage $stage (build test kbench e2e service profile default)"; exit 2 ;;
+  esac
+done
+stamp "done (rc $rc)"
 exit $rc

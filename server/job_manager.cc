@@ -135,9 +135,6 @@ absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::Submit(const ftd::v1::Sub
     std::lock_guard<std::mutex> l(mu_);
     if (draining_) return absl::UnavailableError("ftd is shutting down; submit again once it is back");
   }
-  if (req.kind() == ftd::v1::PROFILE) {
-    return absl::UnimplementedError("kind PROFILE is not available in this ftd yet; submit kind FINETUNE");
-  }
   if (req.name().size() > 200) return absl::InvalidArgumentError("name must be at most 200 characters");
   if (req.request_id().size() > 128) return absl::InvalidArgumentError("request_id must be at most 128 characters");
   if (req.priority() < -1000 || req.priority() > 1000) {
@@ -354,12 +351,37 @@ absl::StatusOr<ftd::v1::Assignment> JobManager::Assign(const ftd::v1::WorkerHell
   a.set_name(job->name());
   *a.mutable_spec() = job->spec();
   a.set_checkpoint_dir((fs::path(cfg_.data_dir) / "jobs" / job->id() / "checkpoints").string());
+  if (job->kind() == ftd::v1::PROFILE) {
+    a.set_profile(true);
+    a.set_trace_path(TracePathOf(job->id()));
+  }
   return a;
+}
+
+std::string JobManager::TracePathOf(const std::string& id) const {
+  return (fs::path(cfg_.data_dir) / "jobs" / id / "trace.json").string();
+}
+
+absl::StatusOr<std::string> JobManager::TracePath(const std::string& id) {
+  auto job = store_->Get(id);
+  if (!job.ok()) return job.status();
+  if (job->kind() != ftd::v1::PROFILE) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", id, " is a ", ftd::v1::JobKind_Name(job->kind()),
+                                                      " job; only PROFILE jobs have a trace (ftctl submit --kind profile)"));
+  }
+  const std::string path = TracePathOf(id);
+  std::error_code ec;
+  if (!job->has_profile() || !fs::exists(path, ec)) {
+    return absl::NotFoundError(absl::StrCat("job ", id, " has no trace yet (", ftd::v1::JobState_Name(job->state()),
+                                            "); it is written once the profiled steps ran"));
+  }
+  return path;
 }
 
 absl::StatusOr<bool> JobManager::OnWorkerMessage(const ftd::v1::WorkerMessage& msg) {
   const auto& hello = msg.hello();
   std::string slot, kernel_set;
+  double energy_delta_j = 0;
   bool cancel;
   {
     std::lock_guard<std::mutex> l(mu_);
@@ -377,12 +399,19 @@ absl::StatusOr<bool> JobManager::OnWorkerMessage(const ftd::v1::WorkerMessage& m
     slot = r.slot;
     kernel_set = r.kernel_set;
     cancel = r.cancel || r.drain;
+    if (msg.has_step() && msg.step().nvml_available()) {
+      energy_delta_j = std::max(0.0, msg.step().energy_total_j() - r.energy_reported_j);
+      r.energy_reported_j = std::max(r.energy_reported_j, msg.step().energy_total_j());
+    }
   }
-  if (msg.has_step() || msg.has_log()) {
+  if (msg.has_step() || msg.has_log() || msg.has_profile()) {
     JobEvent e;
     if (msg.has_step()) {
       *e.mutable_step() = msg.step();
-      metrics_->Step(slot, kernel_set, msg.step());
+      metrics_->Step(slot, kernel_set, msg.step(), energy_delta_j);
+    } else if (msg.has_profile()) {
+      *e.mutable_profile() = msg.profile();
+      metrics_->Profile(kernel_set, msg.profile());
     } else {
       e.set_log(msg.log());
     }

@@ -58,6 +58,9 @@ class JobManager {
   absl::StatusOr<std::vector<ftd::v1::JobEvent>> Events(const std::string& id, int64_t after_seq,
                                                         std::chrono::milliseconds wait, bool* done);
 
+  // A PROFILE job's Chrome trace file, once written (NOT_FOUND before; FAILED_PRECONDITION for other kinds).
+  absl::StatusOr<std::string> TracePath(const std::string& id);
+
   // Worker protocol.
   absl::StatusOr<ftd::v1::Assignment> Assign(const ftd::v1::WorkerHello& hello);
   // Returns whether the worker should stop.
@@ -75,7 +78,9 @@ class JobManager {
     bool has_result = false;
     ftd::v1::RunResult result;
     bool cancel = false, lost = false, drain = false;
+    double energy_reported_j = 0;  // the worker's energy_total_j already added to the counter
   };
+  std::string TracePathOf(const std::string& id) const;
 
   void Loop();
   void ScheduleLocked();

@@ -45,6 +45,13 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
   mfu_ = &BuildGauge().Name("ftd_worker_mfu_ratio").Help("Model FLOPs utilisation of the last step on the slot (0..1)").Register(r);
   tokens_ = &BuildCounter().Name("ftd_worker_tokens_total").Help("Tokens trained on the slot").Register(r);
   steps_ = &BuildCounter().Name("ftd_worker_steps_total").Help("Optimizer steps completed on the slot").Register(r);
+  energy_ = &BuildCounter().Name("ftd_worker_energy_joules_total").Help("GPU energy used while training on the slot (NVML)").Register(r);
+  power_ = &BuildGauge().Name("ftd_worker_power_watts").Help("Mean GPU power over the last reported steps (NVML)").Register(r);
+  joules_per_token_ = &BuildGauge().Name("ftd_worker_joules_per_token").Help("GPU energy per trained token over the last reported steps (NVML)").Register(r);
+  utilization_ = &BuildGauge().Name("ftd_worker_gpu_utilization_ratio").Help("NVML GPU utilisation sample at the last step (0..1)").Register(r);
+  gpu_memory_used_ = &BuildGauge().Name("ftd_worker_gpu_memory_used_bytes").Help("NVML memory used on the slot's GPU at the last step").Register(r);
+  profile_seconds_ = &BuildGauge().Name("ftd_profile_device_seconds_per_step").Help("Device time per training step by op category, from the last PROFILE job of the kernel set").Register(r);
+  profile_step_seconds_ = &BuildGauge().Name("ftd_profile_step_device_seconds").Help("Device time per training step, from the last PROFILE job of the kernel set").Register(r);
 }
 
 void Metrics::JobSubmitted(ftd::v1::JobKind kind) { submissions_->Add({{"kind", KindLabel(kind)}}).Increment(); }
@@ -72,7 +79,15 @@ void Metrics::JobFinished(ftd::v1::JobState state, const std::string& outcome, d
 
 void Metrics::Retry(const std::string& reason) { retries_->Add({{"reason", Lower(reason)}}).Increment(); }
 
-void Metrics::Step(const std::string& slot, const std::string& kernel_set, const ftd::v1::StepReport& r) {
+void Metrics::Profile(const std::string& kernel_set, const ftd::v1::ProfileReport& p) {
+  for (const auto& c : p.categories()) {
+    profile_seconds_->Add({{"category", c.category()}, {"kernel_set", kernel_set}}).Set(c.device_ms() / 1e3);
+  }
+  profile_step_seconds_->Add({{"kernel_set", kernel_set}}).Set(p.step_device_ms() / 1e3);
+}
+
+void Metrics::Step(const std::string& slot, const std::string& kernel_set, const ftd::v1::StepReport& r,
+                   double energy_delta_j) {
   const std::map<std::string, std::string> l = {{"slot", slot}, {"kernel_set", kernel_set}};
   tokens_per_s_->Add(l).Set(r.tokens_per_s());
   step_time_->Add(l).Set(r.step_time_s());
@@ -83,6 +98,13 @@ void Metrics::Step(const std::string& slot, const std::string& kernel_set, const
   peak_mem_->Add({{"slot", slot}, {"kind", "gpu_allocated"}}).Set(static_cast<double>(r.peak_mem_allocated_bytes()));
   peak_mem_->Add({{"slot", slot}, {"kind", "gpu_reserved"}}).Set(static_cast<double>(r.peak_mem_reserved_bytes()));
   peak_mem_->Add({{"slot", slot}, {"kind", "host_rss"}}).Set(static_cast<double>(r.peak_rss_bytes()));
+  if (r.nvml_available()) {
+    energy_->Add(l).Increment(energy_delta_j);
+    power_->Add({{"slot", slot}}).Set(r.power_w());
+    joules_per_token_->Add(l).Set(r.joules_per_token());
+    utilization_->Add({{"slot", slot}}).Set(r.gpu_utilization());
+    gpu_memory_used_->Add({{"slot", slot}}).Set(static_cast<double>(r.gpu_memory_used_bytes()));
+  }
 }
 
 void Metrics::SlotIdle(const std::string& slot) {

@@ -28,7 +28,11 @@ class Metrics {
   // A job reached a terminal state; outcome is its reason code (SUCCEEDED, GPU_OUT_OF_MEMORY, ...).
   void JobFinished(ftd::v1::JobState state, const std::string& outcome, double run_seconds);
   void Retry(const std::string& reason);
-  void Step(const std::string& slot, const std::string& kernel_set, const ftd::v1::StepReport& r);
+  // A step report; energy_delta_j is the energy the worker used since its previous report.
+  void Step(const std::string& slot, const std::string& kernel_set, const ftd::v1::StepReport& r,
+            double energy_delta_j);
+  // A PROFILE job's result: device seconds per step by op category.
+  void Profile(const std::string& kernel_set, const ftd::v1::ProfileReport& p);
   void SlotIdle(const std::string& slot);
 
  private:
@@ -46,6 +50,13 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>* mfu_;
   prometheus::Family<prometheus::Counter>* tokens_;
   prometheus::Family<prometheus::Counter>* steps_;
+  prometheus::Family<prometheus::Counter>* energy_;
+  prometheus::Family<prometheus::Gauge>* power_;
+  prometheus::Family<prometheus::Gauge>* joules_per_token_;
+  prometheus::Family<prometheus::Gauge>* utilization_;
+  prometheus::Family<prometheus::Gauge>* gpu_memory_used_;
+  prometheus::Family<prometheus::Gauge>* profile_seconds_;
+  prometheus::Family<prometheus::Gauge>* profile_step_seconds_;
   std::mutex mu_;
 };
 

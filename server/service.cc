@@ -1,6 +1,7 @@
 #include "server/service.h"
 
 #include <exception>
+#include <fstream>
 
 namespace ftd::server {
 
@@ -90,6 +91,32 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* ctx, const ftd::v1::W
       if (done) return grpc::Status::OK;
     }
     return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+  });
+}
+
+grpc::Status JobServiceImpl::GetTrace(grpc::ServerContext* ctx, const ftd::v1::GetTraceRequest* req,
+                                      grpc::ServerWriter<ftd::v1::TraceChunk>* writer) {
+  return Guard([&] {
+    if (auto st = RequireId(req->id()); !st.ok()) return ToGrpc(st);
+    auto path = m_->TracePath(req->id());
+    if (!path.ok()) return ToGrpc(path.status());
+    std::ifstream in(*path, std::ios::binary);
+    if (!in) return ToGrpc(absl::NotFoundError("the trace of job " + req->id() + " cannot be read"));
+    in.seekg(0, std::ios::end);
+    const int64_t total = static_cast<int64_t>(in.tellg());
+    in.seekg(0);
+    constexpr size_t kChunk = 1 << 20;
+    std::string buf(kChunk, '\0');
+    ftd::v1::TraceChunk chunk;
+    chunk.set_total_bytes(total);
+    while (in && !ctx->IsCancelled()) {
+      in.read(buf.data(), static_cast<std::streamsize>(kChunk));
+      const auto n = static_cast<size_t>(in.gcount());
+      if (n == 0) break;
+      chunk.set_data(buf.data(), n);
+      if (!writer->Write(chunk)) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+    }
+    return grpc::Status::OK;
   });
 }
 

@@ -25,6 +25,8 @@ class JobServiceImpl final : public ftd::v1::JobService::Service {
   grpc::Status CancelJob(grpc::ServerContext*, const ftd::v1::CancelJobRequest*, ftd::v1::Job*) override;
   grpc::Status WatchJob(grpc::ServerContext*, const ftd::v1::WatchJobRequest*,
                         grpc::ServerWriter<ftd::v1::JobEvent>*) override;
+  grpc::Status GetTrace(grpc::ServerContext*, const ftd::v1::GetTraceRequest*,
+                        grpc::ServerWriter<ftd::v1::TraceChunk>*) override;
 
  private:
   JobManager* m_;

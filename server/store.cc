@@ -279,6 +279,7 @@ absl::Status Store::AppendEvent(const std::string& id, ftd::v1::JobEvent event, 
              id,
              [&](ftd::v1::Job& job, std::vector<ftd::v1::JobEvent>& events) {
                if (event.has_step()) *job.mutable_last_step() = event.step();
+               if (event.has_profile()) *job.mutable_profile() = event.profile();
                events.push_back(event);
                return absl::OkStatus();
              },

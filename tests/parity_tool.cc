@@ -1,8 +1,9 @@
 // ftd-parity: a test driver that runs our LibTorch LLaMA on one batch and writes what the HF
 // parity tests compare: logits, the mean loss and every parameter's gradient.
-//   ftd-parity MODEL_DIR BATCH.safetensors OUT.safetensors
+//   ftd-parity MODEL_DIR BATCH.safetensors OUT.safetensors [DEVICE [DTYPE [KERNEL_SET]]]
 // MODEL_DIR holds config.json + HF safetensors; BATCH holds input_ids and labels ([B, T] I64,
-// labels already shifted, -100 ignored). Runs on the CPU in fp32.
+// labels already shifted, -100 ignored). Runs on DEVICE (default cpu) in DTYPE (fp32 or bf16,
+// default fp32) with KERNEL_SET (eager or fused, default eager); outputs are written in fp32.
 #include <iostream>
 
 #include "worker/engine/model.h"
@@ -21,11 +22,19 @@ absl::StatusOr<torch::Tensor> Read(const SafetensorsFile& f, const char* name) {
   return torch::from_blob(const_cast<std::byte*>(f.data(*t)), t->shape, torch::TensorOptions().dtype(*dt)).clone();
 }
 
-absl::Status Main(const std::string& model_dir, const std::string& batch_path, const std::string& out_path) {
+absl::Status Main(const std::string& model_dir, const std::string& batch_path, const std::string& out_path,
+                  const std::string& device_name, const std::string& dtype_name, const std::string& kernel_set) {
   auto cfg = LoadLlamaConfig(model_dir);
   if (!cfg.ok()) return cfg.status();
-  auto model = LlamaModel::Create(*cfg, torch::kCPU, torch::kFloat, 0);
+  const torch::Device device(device_name);
+  const auto dtype = dtype_name == "bf16" ? torch::kBFloat16 : torch::kFloat;
+  TrainConfig tc;
+  tc.kernel_set = kernel_set;
+  tc.device = device_name;
+  if (auto s = tc.Validate(); !s.ok()) return s;
+  auto model = LlamaModel::Create(*cfg, device, dtype, 0);
   if (!model.ok()) return model.status();
+  (*model)->SetKernels(tc.Kernels());
   if (auto s = (*model)->LoadWeights(model_dir); !s.ok()) return s;
   auto batch = SafetensorsFile::Open(batch_path);
   if (!batch.ok()) return batch.status();
@@ -33,13 +42,19 @@ absl::Status Main(const std::string& model_dir, const std::string& batch_path, c
   if (!ids.ok()) return ids.status();
   auto labels = Read(**batch, "labels");
   if (!labels.ok()) return labels.status();
-  auto logits = (*model)->Logits(*ids);
+  *ids = ids->to(device);
+  *labels = labels->to(device);
+  torch::Tensor logits;
+  {
+    torch::NoGradGuard no_grad;
+    logits = (*model)->Logits(*ids);
+  }
   auto count = labels->ne(kIgnoreIndex).sum().to(torch::kFloat).clamp_min(1.0);
-  auto loss = (*model)->LossSum(*ids, *labels) / count;
+  auto loss = (*model)->LossMean(*ids, *labels, count);
   loss.backward();
-  std::vector<std::pair<std::string, torch::Tensor>> out = {{"logits", logits.detach().contiguous()},
-                                                            {"loss", loss.detach().reshape({1})}};
-  for (const auto& [name, p] : (*model)->named_parameters()) out.emplace_back("grad." + name, p.grad().contiguous());
+  auto host = [](const torch::Tensor& t) { return t.detach().to(torch::kCPU, torch::kFloat).contiguous(); };
+  std::vector<std::pair<std::string, torch::Tensor>> out = {{"logits", host(logits)}, {"loss", host(loss).reshape({1})}};
+  for (const auto& [name, p] : (*model)->named_parameters()) out.emplace_back("grad." + name, host(p.grad()));
   std::vector<TensorToWrite> w;
   for (const auto& [name, t] : out) w.push_back({name, DType::kF32, t.sizes().vec(), t.data_ptr()});
   return WriteSafetensors(out_path, w);
@@ -48,11 +63,13 @@ absl::Status Main(const std::string& model_dir, const std::string& batch_path, c
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 4) {
-    std::cerr << "usage: ftd-parity MODEL_DIR BATCH.safetensors OUT.safetensors\n";
+  if (argc < 4 || argc > 7) {
+    std::cerr << "usage: ftd-parity MODEL_DIR BATCH.safetensors OUT.safetensors [DEVICE [fp32|bf16 [eager|fused]]]\n";
     return 2;
   }
-  if (auto s = Main(argv[1], argv[2], argv[3]); !s.ok()) {
+  if (auto s = Main(argv[1], argv[2], argv[3], argc > 4 ? argv[4] : "cpu", argc > 5 ? argv[5] : "fp32",
+                    argc > 6 ? argv[6] : "eager");
+      !s.ok()) {
     std::cerr << "ftd-parity: " << s.message() << "\n";
     return 1;
   }

@@ -117,6 +117,16 @@ int RunAgent(const AgentOptions& opts, std::atomic<bool>* stop) {
       send(msg);
     };
     hooks.stop = stop;
+    if (assignment.profile()) {
+      config->profile.enabled = true;
+      config->profile.trace_path = assignment.trace_path();
+      const std::string label = config->Kernels().Label();
+      hooks.on_profile = [&, label](const engine::ProfileSummary& p) {
+        ftd::v1::WorkerMessage msg;
+        *msg.mutable_profile() = ToProfileReport(p, label);
+        send(msg);
+      };
+    }
     summary = engine::RunTraining(*config, hooks);
   }
   ftd::v1::WorkerMessage result;

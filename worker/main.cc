@@ -8,6 +8,8 @@
 #include <iostream>
 #include <sstream>
 
+#include <google/protobuf/util/json_util.h>
+
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
@@ -37,7 +39,14 @@ nlohmann::json StepJson(const ftd::engine::StepMetrics& m) {
           {"peak_mem_allocated_bytes", m.peak_mem_allocated_bytes},
           {"peak_mem_reserved_bytes", m.peak_mem_reserved_bytes},
           {"peak_rss_bytes", m.peak_rss_bytes},
-          {"mfu", m.mfu}};
+          {"mfu", m.mfu},
+          {"nvml_available", m.nvml_available},
+          {"energy_total_j", m.energy_total_j},
+          {"step_energy_j", m.step_energy_j},
+          {"joules_per_token", m.joules_per_token},
+          {"power_w", m.power_w},
+          {"gpu_utilization", m.gpu_utilization},
+          {"gpu_memory_used_bytes", m.gpu_memory_used_bytes}};
 }
 
 std::string StepText(const ftd::engine::StepMetrics& m) {
@@ -51,10 +60,18 @@ std::string StepText(const ftd::engine::StepMetrics& m) {
   }
   absl::StrAppendFormat(&out, "  rss %.2f GiB", static_cast<double>(m.peak_rss_bytes) / kGiB);
   if (m.mfu > 0) absl::StrAppendFormat(&out, "  mfu %.1f%%", 100 * m.mfu);
+  if (m.nvml_available) absl::StrAppendFormat(&out, "  %.0f W  %.3f J/token", m.power_w, m.joules_per_token);
   return out;
 }
 
-int Run(const std::string& spec_path, bool use_default, const std::vector<std::string>& sets, bool text) {
+struct ProfileOptions {
+  bool enabled = false;
+  std::string trace;  // Chrome trace output path
+  int top = 30;
+};
+
+int Run(const std::string& spec_path, bool use_default, const std::vector<std::string>& sets, bool text,
+        const ProfileOptions& prof) {
   ftd::v1::TrainSpec spec;
   if (use_default || spec_path.empty()) {
     spec = ftd::worker::DefaultTrainSpec(ftd::engine::CudaDeviceCount() > 0);
@@ -88,9 +105,26 @@ int Run(const std::string& spec_path, bool use_default, const std::vector<std::s
     std::cerr << "ftd-worker: " << config.status().message() << "\n";
     return 2;
   }
+  if (prof.enabled) {
+    config->profile.enabled = true;
+    config->profile.trace_path = prof.trace;
+  }
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
   ftd::engine::RunHooks hooks;
+  const std::string kernel_label = config->Kernels().Label();
+  hooks.on_profile = [&](const ftd::engine::ProfileSummary& p) {
+    const auto report = ftd::worker::ToProfileReport(p, kernel_label);
+    if (text) {
+      std::cout << ftd::worker::ProfileTable(report, prof.top) << std::flush;
+    } else {
+      std::string json;
+      google::protobuf::util::JsonPrintOptions o;
+      o.preserve_proto_field_names = true;
+      (void)google::protobuf::util::MessageToJsonString(report, &json, o);
+      std::cout << "{\"event\": \"profile\", \"profile\": " << json << "}" << std::endl;
+    }
+  };
   hooks.on_step = [text](const ftd::engine::StepMetrics& m) {
     std::cout << (text ? StepText(m) : StepJson(m).dump()) << std::endl;
   };
@@ -125,6 +159,17 @@ int main(int argc, char** argv) {
   run->add_flag("--default", use_default, "Run the embedded default job (the same as giving no spec)");
   run->add_option("--format", format, "json (one object per line) or text")->check(CLI::IsMember({"json", "text"}));
   run->add_option("--set", sets, "Override a spec field, e.g. --set steps=20 --set optimizer.lr=1e-3");
+  ProfileOptions prof;
+  auto* profile = app.add_subcommand("profile", "Profile a job spec locally: warm-up steps, then profiled steps; "
+                                                "prints the per-op table (spec.profile sets the step counts)");
+  profile->add_option("spec", spec_path, "TrainSpec JSON file (docs/job-spec.md)");
+  profile->add_flag("--default", use_default, "Profile the embedded default job");
+  profile->add_option("--set", sets, "Override a spec field, e.g. --set kernel_set=fused");
+  profile->add_option("--trace", prof.trace, "Write the Chrome/Perfetto trace to this file");
+  profile->add_option("--top", prof.top, "Rows of the table (0: all)");
+  std::string profile_format = "text";
+  profile->add_option("--format", profile_format, "text (steps and the table) or json (one object per line)")
+      ->check(CLI::IsMember({"json", "text"}));
   auto* def = app.add_subcommand("default-spec", "Print the embedded default job spec as JSON");
   def->add_flag("--gpu", gpu, "The GPU variant (the LLaMA-3.1-8B shape)");
   ftd::worker::AgentOptions agent_opts;
@@ -143,5 +188,9 @@ int main(int argc, char** argv) {
     std::cout << ftd::worker::TrainSpecToJson(ftd::worker::DefaultTrainSpec(gpu)) << std::endl;
     return 0;
   }
-  return Run(spec_path, use_default, sets, format == "text");
+  if (*profile) {
+    prof.enabled = true;
+    return Run(spec_path, use_default, sets, profile_format == "text", prof);
+  }
+  return Run(spec_path, use_default, sets, format == "text", prof);
 }

@@ -3,6 +3,7 @@
 #include <google/protobuf/util/json_util.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
 
 namespace ftd::worker {
@@ -87,6 +88,8 @@ absl::StatusOr<engine::TrainConfig> ToTrainConfig(const ftd::v1::TrainSpec& s) {
   if (s.has_log_every()) c.log_every = s.log_every();
   if (s.has_kernel_set()) c.kernel_set = s.kernel_set();
   for (const auto& [op, impl] : s.kernels()) c.kernels[op] = impl;
+  if (s.profile().has_warmup_steps()) c.profile.warmup_steps = s.profile().warmup_steps();
+  if (s.profile().has_steps()) c.profile.steps = s.profile().steps();
   if (s.has_peak_flops()) c.peak_flops = s.peak_flops();
   if (auto st = c.Validate(); !st.ok()) return st;
   return c;
@@ -107,7 +110,61 @@ ftd::v1::StepReport ToStepReport(const engine::StepMetrics& m) {
   r.set_peak_mem_reserved_bytes(m.peak_mem_reserved_bytes);
   r.set_peak_rss_bytes(m.peak_rss_bytes);
   r.set_mfu(m.mfu);
+  r.set_nvml_available(m.nvml_available);
+  r.set_energy_total_j(m.energy_total_j);
+  r.set_step_energy_j(m.step_energy_j);
+  r.set_joules_per_token(m.joules_per_token);
+  r.set_power_w(m.power_w);
+  r.set_gpu_utilization(m.gpu_utilization);
+  r.set_gpu_memory_used_bytes(m.gpu_memory_used_bytes);
   return r;
+}
+
+ftd::v1::ProfileReport ToProfileReport(const engine::ProfileSummary& p, const std::string& kernel_set) {
+  ftd::v1::ProfileReport r;
+  r.set_device(p.device);
+  r.set_steps(p.steps);
+  r.set_step_wall_ms(p.step_wall_ms);
+  r.set_step_device_ms(p.step_device_ms);
+  for (const auto& o : p.ops) {
+    auto* x = r.add_ops();
+    x->set_name(o.name);
+    x->set_phase(o.phase);
+    x->set_category(o.category);
+    x->set_device_ms(o.device_ms);
+    x->set_share(o.share);
+    x->set_calls(o.calls);
+    x->set_host_ms(o.host_ms);
+  }
+  for (const auto& [c, ms] : p.category_ms) {
+    auto* x = r.add_categories();
+    x->set_category(c);
+    x->set_device_ms(ms);
+  }
+  r.set_trace_bytes(static_cast<int64_t>(p.trace_bytes));
+  r.set_kernel_set(kernel_set);
+  return r;
+}
+
+std::string ProfileTable(const ftd::v1::ProfileReport& p, int top) {
+  const char* what = p.device() == "cpu" ? "self CPU" : "self device";
+  std::string out = absl::StrFormat(
+      "profile: %d step(s), %.1f ms wall and %.1f ms %s time per step, kernel set %s\n\n", p.steps(),
+      p.step_wall_ms(), p.step_device_ms(), p.device() == "cpu" ? "CPU" : "device", p.kernel_set());
+  absl::StrAppendFormat(&out, "%-52s %-9s %-13s %12s %7s %8s %10s\n", "op", "phase", "category",
+                        absl::StrCat(what, " ms"), "share", "calls", "host ms");
+  int n = 0;
+  for (const auto& o : p.ops()) {
+    if (top > 0 && n++ >= top) break;
+    std::string name = o.name().size() > 52 ? o.name().substr(0, 49) + "..." : o.name();
+    absl::StrAppendFormat(&out, "%-52s %-9s %-13s %12.3f %6.1f%% %8.1f %10.3f\n", name, o.phase(), o.category(),
+                          o.device_ms(), 100 * o.share(), o.calls(), o.host_ms());
+  }
+  absl::StrAppend(&out, "\nby category (ms per step):");
+  for (const auto& c : p.categories()) {
+    if (c.device_ms() > 0) absl::StrAppendFormat(&out, "  %s %.3f", c.category(), c.device_ms());
+  }
+  return out + "\n";
 }
 
 ftd::v1::RunResult ToRunResult(const engine::RunSummary& s) {

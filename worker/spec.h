@@ -20,6 +20,9 @@ absl::Status ApplySetOverride(const std::string& assignment, ftd::v1::TrainSpec*
 absl::StatusOr<engine::TrainConfig> ToTrainConfig(const ftd::v1::TrainSpec& spec);
 ftd::v1::StepReport ToStepReport(const engine::StepMetrics& m);
 ftd::v1::RunResult ToRunResult(const engine::RunSummary& s);
+ftd::v1::ProfileReport ToProfileReport(const engine::ProfileSummary& p, const std::string& kernel_set);
+// The per-op table as text: the `top` largest rows (0: all), per phase or all together.
+std::string ProfileTable(const ftd::v1::ProfileReport& p, int top);
 // The embedded default job: the tiny model on the arithmetic dataset on a CPU, the LLaMA-3.1-8B
 // shape (random init, bf16) on a GPU.
 ftd::v1::TrainSpec DefaultTrainSpec(bool gpu);

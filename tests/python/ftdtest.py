@@ -48,10 +48,11 @@ def write_tokens(path, ids, dtype=np.uint16):
     np.asarray(ids, dtype=dtype).astype(np.dtype(dtype).newbyteorder("<")).tofile(path)
 
 
-def run_parity(model_dir, input_ids, labels, tmp):
-    batch, out = Path(tmp) / "batch.safetensors", Path(tmp) / "out.safetensors"
+def run_parity(model_dir, input_ids, labels, tmp, device="cpu", dtype="fp32", kernel_set="eager"):
+    batch = Path(tmp) / "batch.safetensors"
+    out = Path(tmp) / f"out-{device}-{dtype}-{kernel_set}.safetensors"
     save_file({"input_ids": input_ids.contiguous(), "labels": labels.contiguous()}, str(batch))
-    subprocess.run([str(PARITY), str(model_dir), str(batch), str(out)], check=True)
+    subprocess.run([str(PARITY), str(model_dir), str(batch), str(out), device, dtype, kernel_set], check=True)
     return load_file(str(out))
 
 

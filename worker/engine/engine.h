@@ -8,6 +8,8 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "worker/engine/train_config.h"
 
@@ -27,6 +29,37 @@ struct StepMetrics {
   uint64_t peak_mem_reserved_bytes = 0;
   uint64_t peak_rss_bytes = 0;            // host high-water mark of the process
   double mfu = 0;                         // 0 when the device's peak FLOP/s is unknown
+  // NVML (GPU runs where libnvidia-ml loads; otherwise nvml_available is false and these are 0).
+  bool nvml_available = false;
+  double energy_total_j = 0;     // since the run started
+  double step_energy_j = 0;      // per step, over the most recent steps spanning >= 1 s
+  double joules_per_token = 0;   // over the same steps
+  double power_w = 0;            // mean over the same steps
+  double gpu_utilization = 0;    // 0..1
+  uint64_t gpu_memory_used_bytes = 0;
+};
+
+// One row of a profile: an op (a LibTorch op such as aten::mm, or one of ftd's kernels such as
+// ftd::rmsnorm_forward) in one phase, averaged over the profiled steps.
+struct OpStat {
+  std::string name;
+  std::string phase;     // forward | backward | optimizer | other
+  std::string category;  // attention | matmul | rmsnorm | swiglu | rope | cross_entropy | optimizer | other
+  double device_ms = 0;  // self device time per step (kernels this op launched itself); CPU runs: self CPU time
+  double share = 0;      // of the step's device time
+  double calls = 0;      // per step
+  double host_ms = 0;    // self host time per step
+};
+
+struct ProfileSummary {
+  std::string device;           // "cuda" or "cpu": what device_ms measures
+  int steps = 0;                // profiled steps
+  double step_wall_ms = 0;      // wall time per profiled step
+  double step_device_ms = 0;    // device time per step (sum over all ops)
+  std::vector<OpStat> ops;      // by device_ms, largest first
+  std::vector<std::pair<std::string, double>> category_ms;  // device ms per step by category
+  std::string trace_path;       // Chrome trace JSON (empty if not written)
+  uint64_t trace_bytes = 0;
 };
 
 enum class Outcome { kSucceeded, kFailed, kNonFinite, kOutOfMemory, kInvalidSpec, kCancelled };
@@ -44,6 +77,7 @@ struct RunHooks {
   std::function<void(const StepMetrics&)> on_step;    // every log_every steps and the last
   std::function<void(std::string_view)> on_log;       // human-readable progress lines
   const std::atomic<bool>* stop = nullptr;            // set to end the run after the current step
+  std::function<void(const ProfileSummary&)> on_profile;  // profiled runs: once, after the profiled steps
 };
 
 // Runs the whole job: builds or loads the model, resumes from a checkpoint if asked, trains,

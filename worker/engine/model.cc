@@ -5,6 +5,8 @@
 #include <fstream>
 #include <numbers>
 
+#include <ATen/record_function.h>
+
 #include "absl/strings/str_cat.h"
 #include "worker/engine/fused_ops.h"
 #include "worker/engine/safetensors.h"
@@ -156,11 +158,18 @@ torch::Tensor RotateHalf(const torch::Tensor& x) {
 }  // namespace
 
 torch::Tensor LlamaModel::Norm(const torch::Tensor& x, const torch::Tensor& w) const {
+  RECORD_USER_SCOPE("ftd::op::rmsnorm");  // profiles attribute these ops to their family
   return kernels_[KernelOp::kRmsNorm] ? fused::RmsNorm(x, w, config_.rms_norm_eps) : RmsNorm(x, w, config_.rms_norm_eps);
+}
+
+torch::Tensor LlamaModel::SwiGlu(const torch::Tensor& gate, const torch::Tensor& up) const {
+  RECORD_USER_SCOPE("ftd::op::swiglu");
+  return kernels_[KernelOp::kSwiGlu] ? fused::SwiGlu(gate, up) : torch::silu(gate) * up;
 }
 
 torch::Tensor LlamaModel::Rotate(const torch::Tensor& x, int64_t seq_len) {
   auto [cos, sin] = RopeCosSin(seq_len);  // [T, D], broadcast over [B, H, T, D]
+  RECORD_USER_SCOPE("ftd::op::rope");
   if (kernels_[KernelOp::kRope]) return fused::Rope(x, cos32_, sin32_).transpose(1, 2);
   auto t = x.transpose(1, 2);
   return t * cos + RotateHalf(t) * sin;
@@ -182,7 +191,7 @@ torch::Tensor LlamaModel::Hidden(const torch::Tensor& ids) {
     x = x + torch::linear(a, L.o);
     h = Norm(x, L.post_norm);
     auto gate = torch::linear(h, L.gate), up = torch::linear(h, L.up);
-    x = x + torch::linear(kernels_[KernelOp::kSwiGlu] ? fused::SwiGlu(gate, up) : torch::silu(gate) * up, L.down);
+    x = x + torch::linear(SwiGlu(gate, up), L.down);
   }
   return Norm(x, final_norm_);
 }
@@ -193,23 +202,24 @@ torch::Tensor LlamaModel::LossSum(const torch::Tensor& ids, const torch::Tensor&
   const auto flat_labels = labels.reshape({-1});
   if (kernels_[KernelOp::kLinearCrossEntropy]) {
     auto one = torch::ones({}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
-    return fused::LinearCrossEntropy(Hidden(ids).reshape({-1, config_.hidden_size}), lm_head_, flat_labels, one,
-                                     kIgnoreIndex);
+    auto h = Hidden(ids).reshape({-1, config_.hidden_size});
+    RECORD_USER_SCOPE("ftd::op::cross_entropy");
+    return fused::LinearCrossEntropy(h, lm_head_, flat_labels, one, kIgnoreIndex);
   }
-  if (kernels_[KernelOp::kCrossEntropy]) {
-    // Our kernel reads the logits in the model dtype: no fp32 copy, no softmax tensor.
-    return fused::CrossEntropySum(Logits(ids).view({-1, config_.vocab_size}), flat_labels, kIgnoreIndex);
-  }
-  auto logits = Logits(ids).to(torch::kFloat);
+  auto logits = Logits(ids).view({-1, config_.vocab_size});
+  RECORD_USER_SCOPE("ftd::op::cross_entropy");
+  // The fused kernel reads the logits in the model dtype: no fp32 copy, no softmax tensor.
+  if (kernels_[KernelOp::kCrossEntropy]) return fused::CrossEntropySum(logits, flat_labels, kIgnoreIndex);
   return torch::nn::functional::cross_entropy(
-      logits.view({-1, config_.vocab_size}), flat_labels,
+      logits.to(torch::kFloat), flat_labels,
       torch::nn::functional::CrossEntropyFuncOptions().ignore_index(kIgnoreIndex).reduction(torch::kSum));
 }
 
 torch::Tensor LlamaModel::LossMean(const torch::Tensor& ids, const torch::Tensor& labels, const torch::Tensor& count) {
   if (kernels_[KernelOp::kLinearCrossEntropy]) {
-    return fused::LinearCrossEntropy(Hidden(ids).reshape({-1, config_.hidden_size}), lm_head_, labels.reshape({-1}),
-                                     count.reciprocal(), kIgnoreIndex);
+    auto h = Hidden(ids).reshape({-1, config_.hidden_size});
+    RECORD_USER_SCOPE("ftd::op::cross_entropy");
+    return fused::LinearCrossEntropy(h, lm_head_, labels.reshape({-1}), count.reciprocal(), kIgnoreIndex);
   }
   return LossSum(ids, labels) / count;
 }

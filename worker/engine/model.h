@@ -62,6 +62,7 @@ class LlamaModel {
   std::pair<torch::Tensor, torch::Tensor> RopeCosSin(int64_t seq_len);
   torch::Tensor Norm(const torch::Tensor& x, const torch::Tensor& w) const;
   torch::Tensor Rotate(const torch::Tensor& x_bthd, int64_t seq_len);  // -> [B, H, T, D]
+  torch::Tensor SwiGlu(const torch::Tensor& gate, const torch::Tensor& up) const;
   torch::Tensor Hidden(const torch::Tensor& ids);
 
   LlamaConfig config_;

@@ -103,6 +103,13 @@ absl::Status TrainConfig::Validate() const {
                                               "), which need a GPU, but spec.device is \"cpu\": use kernel_set \"eager\" on a CPU"),
                    kernel_set);
   }
+  if (profile.warmup_steps < 0 || profile.warmup_steps > 1000) {
+    return Invalid("profile.warmup_steps", "must be in [0, 1000]", absl::StrCat(profile.warmup_steps));
+  }
+  if (profile.steps < 1 || profile.steps > 100) {
+    return Invalid("profile.steps", "must be in [1, 100] (profiled steps; a trace grows with each)",
+                   absl::StrCat(profile.steps));
+  }
   if (peak_flops.has_value() && !(*peak_flops > 0)) {
     return Invalid("peak_flops", "must be > 0 FLOP/s (or unset)", absl::StrCat(*peak_flops));
   }

@@ -48,6 +48,14 @@ struct CheckpointConfig {
   int32_t keep_last = 0;    // 0 = keep all
 };
 
+// A profiling run (job kind PROFILE): warm-up steps, then profiled steps; no checkpoints.
+struct ProfileConfig {
+  bool enabled = false;
+  int32_t warmup_steps = 3;  // steps before the profiler starts
+  int32_t steps = 2;         // profiled steps
+  std::string trace_path;    // where the Chrome trace goes; empty: not written
+};
+
 // The ops a kernel set chooses an implementation for (docs/job-spec.md, "Kernel sets").
 enum class KernelOp { kRmsNorm, kRope, kSwiGlu, kCrossEntropy, kLinearCrossEntropy, kAdamW };
 inline constexpr std::array<const char*, 6> kKernelOpNames = {
@@ -80,6 +88,7 @@ struct TrainConfig {
   std::string kernel_set = "eager";  // "eager" | "fused": the default for every op
   std::map<std::string, std::string> kernels;  // per-op overrides: op name -> "eager" | "fused"
   std::optional<double> peak_flops;  // FLOP/s; unset: looked up from the device name
+  ProfileConfig profile;
 
   // Checks every field; the message names the field (as in the JSON spec) and the fix.
   absl::Status Validate() const;

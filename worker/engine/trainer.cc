@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/record_function.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <torch/cuda.h>
@@ -18,8 +19,10 @@
 #include "worker/engine/checkpoint.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/fused_ops.h"
+#include "worker/engine/gpu_monitor.h"
 #include "worker/engine/model.h"
 #include "worker/engine/optimizer.h"
+#include "worker/engine/profiler.h"
 #include "worker/engine/token_data.h"
 
 namespace ftd::engine {
@@ -173,7 +176,28 @@ RunSummary Run(const TrainConfig& cfg, const RunHooks& hooks) {
   auto mark = [&](size_t i) {
     if (phase_times) events[i].record();
   };
+  // NVML: energy over whole steps (its counter is too coarse for one short step).
+  std::unique_ptr<GpuMonitor> gpu;
+  if (device.is_cuda()) {
+    const auto* props = at::cuda::getDeviceProperties(device.index());
+    gpu = GpuMonitor::Open(absl::StrFormat("%04x:%02x:%02x.0", props->pciDomainID, props->pciBusID, props->pciDeviceID));
+  } else {
+    gpu = GpuMonitor::Unavailable("a CPU run");
+  }
+  if (!gpu->available()) log(absl::StrCat("GPU power and energy unavailable: ", gpu->reason()));
+  EnergyWindow energy;
+  auto now_s = [] { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); };
+  if (gpu->available()) energy.Start(now_s(), gpu->Read().energy_j, state.tokens_total, state.step);
+  StepProfiler profiler(device.is_cuda());
+  const int64_t profile_from = cfg.profile.enabled ? cfg.profile.warmup_steps : -1;
+  std::chrono::steady_clock::time_point profile_t0;
   for (int64_t step = state.step; step < cfg.steps; ++step) {
+    if (step == profile_from) {
+      if (device.is_cuda()) torch::cuda::synchronize(device.index());
+      log(absl::StrCat("profiling steps ", step + 1, " to ", cfg.steps));
+      profiler.Start();
+      profile_t0 = std::chrono::steady_clock::now();
+    }
     if (hooks.stop != nullptr && hooks.stop->load()) {
       if (auto s = checkpoint(); !s.ok()) return fail(Outcome::kFailed, std::string(s.message()));
       return fail(Outcome::kCancelled, absl::StrCat("stopped on request after step ", state.step));
@@ -196,11 +220,20 @@ RunSummary Run(const TrainConfig& cfg, const RunHooks& hooks) {
     count = count.clamp_min(1.0);
     torch::Tensor loss_acc = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(device));
     for (auto& [ids, labels] : batches) {
-      auto loss = model.LossMean(ids, labels, count);
-      loss.backward();
+      torch::Tensor loss;
+      {
+        RECORD_USER_SCOPE(kPhaseForward);
+        loss = model.LossMean(ids, labels, count);
+      }
+      {
+        RECORD_USER_SCOPE(kPhaseBackward);
+        loss.backward();
+      }
       loss_acc += loss.detach();
     }
     mark(1);
+    at::RecordFunction optimizer_scope(at::RecordScope::USER_SCOPE);
+    if (optimizer_scope.isActive()) optimizer_scope.before(kPhaseOptimizer);
     auto norm = opt.GradNorm();
     // The finite check runs on the device: a non-finite loss or norm skips the update inside the
     // fused kernel (found_inf), so the host synchronises once per step, after the optimizer's
@@ -211,6 +244,7 @@ RunSummary Run(const TrainConfig& cfg, const RunHooks& hooks) {
     mark(2);
     opt.Step(lr, found_inf);
     opt.ZeroGrad();
+    optimizer_scope.end();
     mark(3);
     auto both = torch::stack({loss_acc, norm}).to(torch::kCPU);
     const double loss_v = both[0].item<double>(), norm_v = both[1].item<double>();
@@ -253,7 +287,29 @@ RunSummary Run(const TrainConfig& cfg, const RunHooks& hooks) {
     }
     m.peak_rss_bytes = PeakRss();
     m.mfu = peak > 0 ? flops_per_token * m.tokens_per_s / peak : 0.0;
+    if (gpu->available()) {
+      const auto sample = gpu->Read();
+      if (sample.ok) {
+        energy.AddStep(now_s(), sample.energy_j, state.tokens_total, state.step);
+        const auto es = energy.Current();
+        m.nvml_available = true;
+        m.energy_total_j = es.energy_total_j;
+        m.step_energy_j = es.step_energy_j;
+        m.joules_per_token = es.joules_per_token;
+        m.power_w = es.power_w;
+        m.gpu_utilization = sample.utilization;
+        m.gpu_memory_used_bytes = sample.memory_used_bytes;
+      }
+    }
     if (hooks.on_step && (state.step % cfg.log_every == 0 || state.step == cfg.steps)) hooks.on_step(m);
+    if (profile_from >= 0 && state.step == cfg.steps) {
+      const double wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - profile_t0).count();
+      const int profiled = static_cast<int>(cfg.steps - profile_from);
+      auto summary = profiler.Stop(profiled, wall_ms / profiled, cfg.profile.trace_path);
+      log(absl::StrFormat("profile: %d steps, %.1f ms device time per step (%s), %d ops", profiled,
+                          summary.step_device_ms, summary.device, summary.ops.size()));
+      if (hooks.on_profile) hooks.on_profile(summary);
+    }
 
     if (cfg.checkpoint.every_steps > 0 && state.step % cfg.checkpoint.every_steps == 0 && state.step < cfg.steps) {
       if (auto s = checkpoint(); !s.ok()) return fail(Outcome::kFailed, std::string(s.message()));
@@ -267,7 +323,13 @@ RunSummary Run(const TrainConfig& cfg, const RunHooks& hooks) {
 
 }  // namespace
 
-RunSummary RunTraining(const TrainConfig& cfg, const RunHooks& hooks) {
+RunSummary RunTraining(const TrainConfig& config, const RunHooks& hooks) {
+  // A profiling run: warm-up and profiled steps only, nothing resumed or checkpointed.
+  TrainConfig cfg = config;
+  if (cfg.profile.enabled) {
+    cfg.steps = cfg.profile.warmup_steps + cfg.profile.steps;
+    cfg.checkpoint.dir.clear();
+  }
   if (auto s = cfg.Validate(); !s.ok()) {
     RunSummary sum;
     sum.outcome = Outcome::kInvalidSpec;

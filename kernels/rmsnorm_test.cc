@@ -1,0 +1,251 @@
+// GPU test of the production RMSNorm launchers against the float64 reference (kernels/rmsnorm_ref.h),
+// applied to the quantized inputs (the values the kernel read). Fresh random inputs every run; every
+// output is poisoned (NaN) before each launch so an element the kernel fails to write fails.
+//
+// Tolerances (MaxRelError: max |got - want| / max |want|):
+//   fp32 outputs 1e-5: fp32 arithmetic (~6e-8 per operation) over row sums of <= 16392 terms, reduced
+//     as per-thread runs plus trees, stays near 1e-6; dw adds <= 2048 rows in short runs the same way.
+//   bf16 outputs 2^-8: the output is rounded to bf16 (2^-9 relative to itself, hence to the maximum),
+//     and the fp32 error before the rounding (~1e-6) can at most move it to the neighbouring bf16 value.
+//   rstd (fp32 in both dtypes) 1e-5, computed from the quantized x.
+//
+// Which kernel path a case takes (see rmsnorm.cu): cached = n % V == 0 (V = 8 bf16, 4 fp32), aligned
+// pointers, n / V <= 1024; looped vector = aligned, n % V == 0, n / V > 1024; looped scalar = otherwise.
+// Cached block shapes covered: bf16 n 4096 = 2 groups of 256 threads, n 1024 = 8 groups of 64 (8 named
+// barriers), n 64 = 8 one-warp groups, n 4104 = one group of 288; fp32 n 4096 = one group of 512.
+#include "kernels/rmsnorm.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/rmsnorm_ref.h"
+#include "kernels/test_util.h"
+
+namespace ftd::kernels {
+namespace {
+
+using testing::Check;
+using testing::DeviceBuffer;
+using testing::HaveGpu;
+using testing::MaxRelError;
+using testing::Quantize;
+using testing::RandomNormal;
+using testing::SeedNote;
+using testing::TestSeed;
+
+// A device tensor of `n` elements that starts `offset` elements into its allocation (offset 1 makes
+// the pointer only 2- or 4-byte aligned, forcing the scalar path).
+class Tensor {
+ public:
+  Tensor(size_t n, DType t, size_t offset = 0) : buf_(n + offset, t), off_(offset) {}
+  void* get() const { return static_cast<char*>(buf_.get()) + off_ * DTypeSize(buf_.dtype()); }
+  void Upload(const std::vector<double>& v) {
+    std::vector<double> padded(off_, 0.0);
+    padded.insert(padded.end(), v.begin(), v.end());
+    buf_.Upload(padded);
+  }
+  std::vector<double> Download() const {
+    auto all = buf_.Download();
+    return std::vector<double>(all.begin() + static_cast<std::ptrdiff_t>(off_), all.end());
+  }
+  void Poison() { buf_.Poison(); }
+
+ private:
+  DeviceBuffer buf_;
+  size_t off_;
+};
+
+std::vector<double> Quantized(std::vector<double> v, DType t) {
+  for (auto& x : v) x = Quantize(x, t);
+  return v;
+}
+
+double Tol(DType t) { return t == DType::kF32 ? 1e-5 : std::ldexp(1.0, -8); }
+
+struct Case {
+  int64_t rows, n;
+  size_t offset = 0;      // elements; 1 = unaligned pointers
+  bool in_place = false;  // y aliases x (forward), dx aliases dy (backward)
+};
+
+std::string Name(const Case& c, DType t) {
+  return std::string(DTypeName(t)) + " rows " + std::to_string(c.rows) + " n " + std::to_string(c.n) +
+         (c.offset ? " unaligned" : "") + (c.in_place ? " in-place" : "") + SeedNote();
+}
+
+void RunForward(const Case& c, DType t) {
+  std::mt19937_64 rng(TestSeed() + static_cast<uint64_t>(c.rows * 7919 + c.n));
+  const size_t total = static_cast<size_t>(c.rows * c.n);
+  const float eps = 1e-5f;
+  const auto x = Quantized(RandomNormal(total, 0, 2, rng), t);
+  const auto w = Quantized(RandomNormal(static_cast<size_t>(c.n), 0.5, 1, rng), t);
+  std::vector<double> want_y, want_rstd;
+  ref::RmsNormForward(x, w, c.rows, c.n, static_cast<double>(eps), &want_y, &want_rstd);
+
+  Tensor xb(total, t, c.offset), wb(static_cast<size_t>(c.n), t, c.offset), yb(total, t, c.offset);
+  DeviceBuffer rstd(static_cast<size_t>(c.rows), DType::kF32);
+  xb.Upload(x);
+  wb.Upload(w);
+  yb.Poison();
+  rstd.Poison();
+  void* y = c.in_place ? xb.get() : yb.get();
+  ASSERT_EQ(cudaSuccess, RmsNormForward(t, xb.get(), wb.get(), y, rstd.as<float>(), c.rows, c.n, eps, nullptr))
+      << Name(c, t);
+  Check(cudaDeviceSynchronize(), "forward");
+  const auto got_y = c.in_place ? xb.Download() : yb.Download();
+  EXPECT_LE(MaxRelError(got_y, want_y), Tol(t)) << "y, " << Name(c, t);
+  EXPECT_LE(MaxRelError(rstd.Download(), want_rstd), 1e-5) << "rstd, " << Name(c, t);
+}
+
+void RunBackward(const Case& c, DType t) {
+  std::mt19937_64 rng(TestSeed() + static_cast<uint64_t>(c.rows * 104729 + c.n));
+  const size_t total = static_cast<size_t>(c.rows * c.n);
+  const auto x = Quantized(RandomNormal(total, 0, 2, rng), t);
+  const auto w = Quantized(RandomNormal(static_cast<size_t>(c.n), 0.5, 1, rng), t);
+  const auto dy = Quantized(RandomNormal(total, 0, 1, rng), t);
+  std::vector<double> y, rstd;
+  ref::RmsNormForward(x, w, c.rows, c.n, 1e-5, &y, &rstd);
+  rstd = Quantized(rstd, DType::kF32);  // the fp32 values the kernel reads
+  std::vector<double> want_dx, want_dw;
+  ref::RmsNormBackward(dy, x, w, rstd, c.rows, c.n, &want_dx, &want_dw);
+
+  Tensor xb(total, t, c.offset), wb(static_cast<size_t>(c.n), t, c.offset), dyb(total, t, c.offset),
+      dxb(total, t, c.offset), dwb(static_cast<size_t>(c.n), t);
+  DeviceBuffer rb(static_cast<size_t>(c.rows), DType::kF32);
+  DeviceBuffer ws(RmsNormBackwardWorkspaceBytes(c.rows, c.n) / sizeof(float), DType::kF32);
+  xb.Upload(x);
+  wb.Upload(w);
+  dyb.Upload(dy);
+  rb.Upload(rstd);
+  dxb.Poison();
+  dwb.Poison();
+  ws.Poison();
+  void* dx = c.in_place ? dyb.get() : dxb.get();
+  ASSERT_EQ(cudaSuccess, RmsNormBackward(t, dyb.get(), xb.get(), wb.get(), rb.as<float>(), dx, dwb.get(), ws.get(),
+                                         c.rows, c.n, nullptr))
+      << Name(c, t);
+  Check(cudaDeviceSynchronize(), "backward");
+  const auto got_dx = c.in_place ? dyb.Download() : dxb.Download();
+  EXPECT_LE(MaxRelError(got_dx, want_dx), Tol(t)) << "dx, " << Name(c, t);
+  EXPECT_LE(MaxRelError(dwb.Download(), want_dw), Tol(t)) << "dw, " << Name(c, t);
+}
+
+const std::vector<Case>& Cases() {
+  static const std::vector<Case> cases = {
+      // cached path: LLaMA width, odd row counts, many rows per row group (2048: the grid is what is
+      // resident at once, a few hundred groups), small and ragged widths
+      {1, 4096},
+      {3, 4096},
+      {37, 4096},
+      {257, 4096},
+      {2048, 4096},
+      {37, 1024},
+      {3000, 1024},
+      {5, 64},
+      {37, 8},
+      {3, 4104},
+      // looped vector path: more than 1024 vectors per row (bf16 8200 = 1025 x 8; fp32 8200 and 4100)
+      {3, 8200},
+      {37, 4100},
+      // looped scalar path: odd widths, many rows per block (1100), unaligned pointers with an aligned width.
+      // (No n = 1: there dx = rstd * g * eps / (x^2 + eps), a cancellation that no fp32 code resolves.)
+      {1, 4097},
+      {3, 4097},
+      {37, 4097},
+      {257, 4097},
+      {1100, 4097},
+      {3, 6},
+      {1, 5},
+      {37, 4096, 1},
+      // in place
+      {37, 4096, 0, true},
+      {37, 4097, 0, true}};
+  return cases;
+}
+
+TEST(RmsNormGpu, ForwardMatchesReference) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    for (const Case& c : Cases()) RunForward(c, t);
+  }
+}
+
+TEST(RmsNormGpu, BackwardMatchesReference) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    for (const Case& c : Cases()) RunBackward(c, t);
+  }
+}
+
+// dw is reduced without atomics: two launches on the same inputs give bitwise the same dw and dx.
+TEST(RmsNormGpu, BackwardIsDeterministic) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    for (int64_t n : {4096, 4097}) {
+      const int64_t rows = 2048;
+      const size_t total = static_cast<size_t>(rows * n);
+      std::mt19937_64 rng(TestSeed());
+      DeviceBuffer x(total, t), w(static_cast<size_t>(n), t), dy(total, t),
+          rstd(static_cast<size_t>(rows), DType::kF32);
+      x.Upload(RandomNormal(total, 0, 1, rng));
+      w.Upload(RandomNormal(static_cast<size_t>(n), 1, 0.5, rng));
+      dy.Upload(RandomNormal(total, 0, 1, rng));
+      rstd.Upload(RandomNormal(static_cast<size_t>(rows), 1, 0.1, rng));
+      DeviceBuffer ws(RmsNormBackwardWorkspaceBytes(rows, n) / sizeof(float), DType::kF32);
+      std::vector<double> first_dw, first_dx;
+      for (int run = 0; run < 2; ++run) {
+        DeviceBuffer dx(total, t), dw(static_cast<size_t>(n), t);
+        dx.Poison();
+        dw.Poison();
+        ASSERT_EQ(cudaSuccess, RmsNormBackward(t, dy.get(), x.get(), w.get(), rstd.as<float>(), dx.get(), dw.get(),
+                                               ws.get(), rows, n, nullptr));
+        Check(cudaDeviceSynchronize(), "backward");
+        if (run == 0) {
+          first_dw = dw.Download();
+          first_dx = dx.Download();
+        } else {
+          EXPECT_EQ(0, std::memcmp(first_dw.data(), dw.Download().data(), first_dw.size() * sizeof(double)))
+              << DTypeName(t) << " n " << n << SeedNote();
+          EXPECT_EQ(0, std::memcmp(first_dx.data(), dx.Download().data(), first_dx.size() * sizeof(double)))
+              << DTypeName(t) << " n " << n << SeedNote();
+        }
+      }
+    }
+  }
+}
+
+// rows == 0: the forward writes nothing and succeeds; the backward's dw is a sum over no rows, 0.
+TEST(RmsNormGpu, ZeroRows) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    DeviceBuffer x(1, t), w(4097, t), rstd(1, DType::kF32), dw(4097, t);
+    EXPECT_EQ(cudaSuccess, RmsNormForward(t, x.get(), w.get(), x.get(), rstd.as<float>(), 0, 4097, 1e-5f, nullptr));
+    dw.Poison();
+    ASSERT_EQ(cudaSuccess,
+              RmsNormBackward(t, nullptr, nullptr, w.get(), nullptr, nullptr, dw.get(), nullptr, 0, 4097, nullptr));
+    Check(cudaDeviceSynchronize(), "backward");
+    for (double v : dw.Download()) ASSERT_EQ(0.0, v) << DTypeName(t);
+  }
+}
+
+TEST(RmsNormGpu, RejectsInvalidArguments) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  DeviceBuffer x(64, DType::kF32), rstd(1, DType::kF32), ws(RmsNormBackwardWorkspaceBytes(1, 64) / 4 + 1, DType::kF32);
+  float* r = rstd.as<float>();
+  EXPECT_EQ(cudaErrorInvalidValue, RmsNormForward(DType::kF32, x.get(), x.get(), x.get(), r, 1, 0, 1e-5f, nullptr));
+  EXPECT_EQ(cudaErrorInvalidValue, RmsNormForward(DType::kF32, x.get(), x.get(), x.get(), r, -1, 64, 1e-5f, nullptr));
+  EXPECT_EQ(cudaErrorInvalidValue, RmsNormForward(DType::kF32, nullptr, x.get(), x.get(), r, 1, 64, 1e-5f, nullptr));
+  EXPECT_EQ(cudaErrorInvalidValue,
+            RmsNormBackward(DType::kF32, x.get(), x.get(), x.get(), r, x.get(), x.get(), nullptr, 1, 64, nullptr));
+  EXPECT_EQ(cudaErrorInvalidValue, RmsNormBackward(DType::kF32, x.get(), x.get(), x.get(), r, x.get(), x.get(),
+                                                   static_cast<char*>(ws.get()) + 2, 1, 64, nullptr));
+  EXPECT_EQ(0u, RmsNormBackwardWorkspaceBytes(1, 0));
+}
+
+}  // namespace
+}  // namespace ftd::kernels

@@ -1,0 +1,207 @@
+// SwiGLU (the LLaMA MLP's gate), elementwise over n elements of any shape, forward and backward fused:
+// each input read once, each output written once.
+//
+// Forward (SwiGluForward):
+//   gate, up: (n) dtype                 (read)
+//   out:      (n) dtype                 (=)  out = silu(gate) * up = gate * s * up, s = sigmoid(gate)
+// Backward (SwiGluBackward):
+//   dout, gate, up: (n) dtype           (read)
+//   dgate:    (n) dtype                 (=)  dgate = dout * up * s * (1 + gate * (1 - s))
+//   dup:      (n) dtype                 (=)  dup = dout * gate * s
+// dtype: kF32 or kBF16 storage; arithmetic in fp32 (expf and IEEE division, not the fast intrinsics), each
+// output rounded once. fp32 outputs match a float64 reference to ~1e-6 relative; bf16 to 2^-9.
+//
+// In place: an output may be the same pointer as an input (out = gate or up; dgate = gate, dup = up,
+// either = dout): every element is read and written by one thread, reads first. Outputs must not overlap
+// each other and buffers must not partially overlap.
+//
+// Paths: vector when every pointer is 16-byte aligned: each thread moves kUnroll 16-byte vectors per
+// input (8 bf16 / 4 fp32 elements each), all loads issued before the first use; the n % V tail elements
+// (V = elements per vector) are done one by one by the first threads of block 0. Scalar otherwise (an
+// unaligned view): one element per thread. Both are exercised by swiglu_test.cc.
+#include <algorithm>
+#include <climits>
+
+#include "kernels/common.cuh"
+#include "kernels/swiglu.h"
+
+namespace ftd::kernels {
+namespace {
+
+using detail::FromFloat;
+using detail::kVec;
+using detail::LoadVec;
+using detail::StoreVec;
+using detail::ToFloat;
+using detail::Vec;
+
+constexpr int kThreads = 256;
+constexpr int kUnroll = 2;  // 16-byte vectors per thread per input
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+__device__ __forceinline__ float Sigmoid(float g) { return 1.f / (1.f + expf(-g)); }
+
+__device__ __forceinline__ float FwdMath(float g, float u) { return g * Sigmoid(g) * u; }
+__device__ __forceinline__ void BwdMath(float d, float g, float u, float& dg, float& du) {
+  const float s = Sigmoid(g);
+  dg = d * u * s * (1.f + g * (1.f - s));
+  du = d * g * s;
+}
+
+template <typename T>
+__device__ __forceinline__ Vec<T> ZeroVec() {
+  Vec<T> v;
+#pragma unroll
+  for (int j = 0; j < kVec<T>; ++j) v.v[j] = FromFloat<T>(0.f);
+  return v;
+}
+
+// Vector path over vectors [0, nvec); the tail elements [nvec * V, n) (fewer than V) are done by the first
+// threads of block 0, one element each.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) SwiGluFwdVec(const T* gate, const T* up, T* out, int64_t nvec, int64_t n) {
+  constexpr int V = kVec<T>;
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * kThreads * kUnroll + threadIdx.x;
+  Vec<T> g[kUnroll], u[kUnroll];
+#pragma unroll
+  for (int k = 0; k < kUnroll; ++k) {
+    const int64_t i = base + k * kThreads;
+    g[k] = i < nvec ? LoadVec(gate + i * V) : ZeroVec<T>();
+    u[k] = i < nvec ? LoadVec(up + i * V) : ZeroVec<T>();
+  }
+#pragma unroll
+  for (int k = 0; k < kUnroll; ++k) {
+    const int64_t i = base + k * kThreads;
+    if (i < nvec) {
+      Vec<T> o;
+#pragma unroll
+      for (int j = 0; j < V; ++j) o.v[j] = FromFloat<T>(FwdMath(ToFloat(g[k].v[j]), ToFloat(u[k].v[j])));
+      StoreVec(out + i * V, o);
+    }
+  }
+  if (blockIdx.x == 0 && threadIdx.x < n - nvec * V) {
+    const int64_t e = nvec * V + threadIdx.x;
+    out[e] = FromFloat<T>(FwdMath(ToFloat(gate[e]), ToFloat(up[e])));
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) SwiGluFwdScalar(const T* gate, const T* up, T* out, int64_t n) {
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * kThreads) {
+    out[e] = FromFloat<T>(FwdMath(ToFloat(gate[e]), ToFloat(up[e])));
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    SwiGluBwdVec(const T* dout, const T* gate, const T* up, T* dgate, T* dup, int64_t nvec, int64_t n) {
+  constexpr int V = kVec<T>;
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * kThreads * kUnroll + threadIdx.x;
+  Vec<T> d[kUnroll], g[kUnroll], u[kUnroll];
+#pragma unroll
+  for (int k = 0; k < kUnroll; ++k) {
+    const int64_t i = base + k * kThreads;
+    d[k] = i < nvec ? LoadVec(dout + i * V) : ZeroVec<T>();
+    g[k] = i < nvec ? LoadVec(gate + i * V) : ZeroVec<T>();
+    u[k] = i < nvec ? LoadVec(up + i * V) : ZeroVec<T>();
+  }
+#pragma unroll
+  for (int k = 0; k < kUnroll; ++k) {
+    const int64_t i = base + k * kThreads;
+    if (i < nvec) {
+      Vec<T> og, ou;
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        float dg, du;
+        BwdMath(ToFloat(d[k].v[j]), ToFloat(g[k].v[j]), ToFloat(u[k].v[j]), dg, du);
+        og.v[j] = FromFloat<T>(dg);
+        ou.v[j] = FromFloat<T>(du);
+      }
+      StoreVec(dgate + i * V, og);
+      StoreVec(dup + i * V, ou);
+    }
+  }
+  if (blockIdx.x == 0 && threadIdx.x < n - nvec * V) {
+    const int64_t e = nvec * V + threadIdx.x;
+    float dg, du;
+    BwdMath(ToFloat(dout[e]), ToFloat(gate[e]), ToFloat(up[e]), dg, du);
+    dgate[e] = FromFloat<T>(dg);
+    dup[e] = FromFloat<T>(du);
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    SwiGluBwdScalar(const T* dout, const T* gate, const T* up, T* dgate, T* dup, int64_t n) {
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * kThreads) {
+    float dg, du;
+    BwdMath(ToFloat(dout[e]), ToFloat(gate[e]), ToFloat(up[e]), dg, du);
+    dgate[e] = FromFloat<T>(dg);
+    dup[e] = FromFloat<T>(du);
+  }
+}
+
+unsigned VecGrid(int64_t nvec) {
+  return static_cast<unsigned>(std::max<int64_t>(1, CeilDiv(nvec, kThreads * kUnroll)));
+}
+unsigned ScalarGrid(int64_t n) { return static_cast<unsigned>(std::min<int64_t>(CeilDiv(n, kThreads), INT_MAX)); }
+
+template <typename T>
+cudaError_t Forward(const T* gate, const T* up, T* out, int64_t n, cudaStream_t stream) {
+  constexpr int V = kVec<T>;
+  const int64_t nvec = n / V;
+  if (detail::Aligned16(gate) && detail::Aligned16(up) && detail::Aligned16(out) &&
+      CeilDiv(nvec, kThreads * kUnroll) <= INT_MAX) {
+    SwiGluFwdVec<T><<<VecGrid(nvec), kThreads, 0, stream>>>(gate, up, out, nvec, n);
+  } else {
+    SwiGluFwdScalar<T><<<ScalarGrid(n), kThreads, 0, stream>>>(gate, up, out, n);
+  }
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t Backward(const T* dout, const T* gate, const T* up, T* dgate, T* dup, int64_t n, cudaStream_t stream) {
+  constexpr int V = kVec<T>;
+  const int64_t nvec = n / V;
+  if (detail::Aligned16(dout) && detail::Aligned16(gate) && detail::Aligned16(up) && detail::Aligned16(dgate) &&
+      detail::Aligned16(dup) && CeilDiv(nvec, kThreads * kUnroll) <= INT_MAX) {
+    SwiGluBwdVec<T><<<VecGrid(nvec), kThreads, 0, stream>>>(dout, gate, up, dgate, dup, nvec, n);
+  } else {
+    SwiGluBwdScalar<T><<<ScalarGrid(n), kThreads, 0, stream>>>(dout, gate, up, dgate, dup, n);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t SwiGluForward(DType dtype, const void* gate, const void* up, void* out, int64_t n, cudaStream_t stream) {
+  if (n < 0) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  if (gate == nullptr || up == nullptr || out == nullptr) return cudaErrorInvalidValue;
+  if (dtype == DType::kF32) {
+    return Forward(static_cast<const float*>(gate), static_cast<const float*>(up), static_cast<float*>(out), n, stream);
+  }
+  return Forward(static_cast<const __nv_bfloat16*>(gate), static_cast<const __nv_bfloat16*>(up),
+                 static_cast<__nv_bfloat16*>(out), n, stream);
+}
+
+cudaError_t SwiGluBackward(DType dtype, const void* dout, const void* gate, const void* up, void* dgate, void* dup,
+                           int64_t n, cudaStream_t stream) {
+  if (n < 0) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  if (dout == nullptr || gate == nullptr || up == nullptr || dgate == nullptr || dup == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  if (dtype == DType::kF32) {
+    return Backward(static_cast<const float*>(dout), static_cast<const float*>(gate), static_cast<const float*>(up),
+                    static_cast<float*>(dgate), static_cast<float*>(dup), n, stream);
+  }
+  return Backward(static_cast<const __nv_bfloat16*>(dout), static_cast<const __nv_bfloat16*>(gate),
+                  static_cast<const __nv_bfloat16*>(up), static_cast<__nv_bfloat16*>(dgate),
+                  static_cast<__nv_bfloat16*>(dup), n, stream);
+}
+
+}  // namespace ftd::kernels
