@@ -7,6 +7,7 @@ nothing measurable (tokens/s within 2%). Prints a markdown table and writes serv
 import argparse
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -78,6 +79,11 @@ def main():
                     steps = [e["step"] for e in map(json.loads, events.splitlines()) if "step" in e]
                     for s in steps:  # proto3 JSON writes 64-bit integers as strings
                         s.update({k: float(v) for k, v in s.items() if isinstance(v, str)})
+                    if not ok:
+                        print(subprocess.run(ftctl + ["get", job], capture_output=True, text=True).stdout, flush=True)
+                    # the job's final checkpoint (weights + AdamW state, ~48 GB for 8B) is not what is
+                    # measured here; remove it so repeated runs fit on the disk
+                    shutil.rmtree(tmp / "ftd-data" / "jobs" / job / "checkpoints", ignore_errors=True)
                 tps = median_tps(steps, args.warmup) if ok else 0.0
                 rows.append({"mode": mode, "repeat": rep, "ok": ok, "tokens_per_s": tps, "steps": len(steps)})
                 print(f"# {mode} run {rep + 1}: {'ok' if ok else 'FAILED'}, {tps:.0f} tokens/s over {len(steps)} steps",

@@ -28,6 +28,9 @@ def summarize(steps, warmup):
             "peak_alloc_gib": max(s["peak_mem_allocated_bytes"] for s in meas) / 2**30,
             "peak_reserved_gib": max(s["peak_mem_reserved_bytes"] for s in meas) / 2**30,
             "mfu": statistics.median(s.get("mfu", 0.0) for s in meas),
+            # NVML (ftd only): the last report's window of >= 1 s of whole steps
+            "joules_per_token": meas[-1].get("joules_per_token", 0.0) if meas[-1].get("nvml_available") else None,
+            "power_w": meas[-1].get("power_w", 0.0) if meas[-1].get("nvml_available") else None,
             "loss_first": steps[0]["loss"], "loss_last": steps[-1]["loss"], "measured_steps": len(meas)}
 
 
@@ -84,19 +87,21 @@ def main():
             print(f"# {r['impl']} {b}x{t}: {r['outcome']} {r.get('message', '')[:300]}", flush=True)
             print(json.dumps(r["summary"]), flush=True)
     (out / "train_bench.json").write_text(json.dumps(rows, indent=1))
-    print("\n| shape | impl | tokens/s | vs HF median | step (s) | peak alloc (GiB) | peak reserved (GiB) | MFU | loss first -> last |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n| shape | impl | tokens/s | vs HF median | step (s) | peak alloc (GiB) | peak reserved (GiB) | MFU | J/token | power (W) | loss first -> last |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         s = r["summary"]
         hf_runs = [x["summary"]["tokens_per_s"] for x in rows if x["impl"] == "hf-eager" and x["batch"] == r["batch"]
                    and x["seq"] == r["seq"] and x["summary"]]
         hf = {"tokens_per_s": statistics.median(hf_runs)} if hf_runs else None
         if s is None:
-            print(f"| {r['batch']}x{r['seq']} | {r['impl']} | {r['outcome']} | | | | | | |")
+            print(f"| {r['batch']}x{r['seq']} | {r['impl']} | {r['outcome']} | | | | | | | | |")
             continue
         ratio = f"{s['tokens_per_s'] / hf['tokens_per_s']:.3f}" if hf else "-"
         print(f"| {r['batch']}x{r['seq']} | {r['impl']} | {s['tokens_per_s']:.0f} | {ratio} | {s['step_time_s']:.3f} | "
               f"{s['peak_alloc_gib']:.1f} | {s['peak_reserved_gib']:.1f} | {100 * s['mfu']:.1f}% | "
+              f"{'-' if s.get('joules_per_token') is None else format(s['joules_per_token'], '.3f')} | "
+              f"{'-' if s.get('power_w') is None else format(s['power_w'], '.0f')} | "
               f"{s['loss_first']:.3f} -> {s['loss_last']:.3f} |")
 
 

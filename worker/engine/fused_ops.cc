@@ -233,6 +233,26 @@ torch::Tensor LinearCrossEntropy(const torch::Tensor& x, const torch::Tensor& w,
   return LinearCrossEntropyFn::apply(x, w, labels, scale, ignore_index);
 }
 
+torch::Tensor GradNorm(const std::vector<torch::Tensor>& grads) {
+  TORCH_CHECK(!grads.empty(), "grad norm of no tensors");
+  std::vector<const void*> ptrs;
+  std::vector<int64_t> numels;
+  for (const auto& g : grads) {
+    TORCH_CHECK(g.is_contiguous() && g.scalar_type() == grads[0].scalar_type(), "grad norm: contiguous, one dtype");
+    ptrs.push_back(g.data_ptr());
+    numels.push_back(g.numel());
+  }
+  const int n = static_cast<int>(grads.size());
+  const size_t ws_bytes = k::MultiTensorSumSquaresWorkspaceBytes(numels.data(), n);
+  auto ws = Workspace(ws_bytes, grads[0]);
+  auto out = torch::empty({}, grads[0].options().dtype(torch::kFloat));
+  RECORD_USER_SCOPE("ftd::adamw_grad_norm");
+  Check(k::MultiTensorSumSquares(ptrs.data(), numels.data(), n, KDType(grads[0], "grad"), out.data_ptr<float>(),
+                                 ws.data_ptr(), ws_bytes, Stream()),
+        "MultiTensorSumSquares");
+  return out.sqrt();
+}
+
 void AdamWStep(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& masters,
                const std::vector<torch::Tensor>& grads, const std::vector<torch::Tensor>& exp_avgs,
                const std::vector<torch::Tensor>& exp_avg_sqs, const std::vector<double>& weight_decays,
@@ -285,6 +305,7 @@ torch::Tensor LinearCrossEntropy(const torch::Tensor&, const torch::Tensor&, con
                                  int64_t) {
   Missing();
 }
+torch::Tensor GradNorm(const std::vector<torch::Tensor>&) { Missing(); }
 void AdamWStep(const std::vector<torch::Tensor>&, const std::vector<torch::Tensor>&, const std::vector<torch::Tensor>&,
                const std::vector<torch::Tensor>&, const std::vector<torch::Tensor>&, const std::vector<double>&,
                const AdamWHyper&, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&) {

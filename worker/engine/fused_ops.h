@@ -27,6 +27,9 @@ torch::Tensor CrossEntropySum(const torch::Tensor& logits, const torch::Tensor& 
 torch::Tensor LinearCrossEntropy(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& labels,
                                  const torch::Tensor& scale, int64_t ignore_index);
 
+// The global L2 norm of all gradients (fp32 scalar on the device), one deterministic multi-tensor pass.
+torch::Tensor GradNorm(const std::vector<torch::Tensor>& grads);
+
 // AdamW over many tensors in one multi-tensor kernel (torch.optim.AdamW semantics). Every list has
 // one entry per parameter; masters empty when there are no fp32 master weights. `step`: fp32 scalar
 // on the device holding this update's 1-based count; `grad_scale` (may be undefined): gradients are

@@ -51,7 +51,7 @@ std::string CategoryOfOpName(const std::string& n) {
   }
   if (absl::StartsWith(n, "ftd::") && !absl::StartsWith(n, "ftd::op::") && !absl::StartsWith(n, "ftd::phase::")) {
     std::string family = n.substr(5);
-    for (const char* s : {"_forward", "_backward", "_step"}) {
+    for (const char* s : {"_forward", "_backward", "_step", "_grad_norm"}) {
       if (absl::EndsWith(family, s)) family = family.substr(0, family.size() - std::strlen(s));
     }
     return CategoryOfFamily(family);

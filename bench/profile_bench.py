@@ -1,0 +1,90 @@
+"""The playbook's loop on the GPU through the service: profile the LLaMA-3.1-8B step with the eager
+and the fused kernel sets as PROFILE jobs (ftd + ftctl + ftd-worker), print both per-op tables, the
+comparison and the trace sizes, and the per-category device time Prometheus got. Writes
+profile_bench.json and the tables to --out.
+
+  python3 bench/profile_bench.py --build build-gpu --out DIR [--shape 4x2048] [--warmup 3] [--steps 2]
+"""
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", required=True)
+    ap.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
+    ap.add_argument("--shape", default="4x2048")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--top", type=int, default=25)
+    args = ap.parse_args()
+    build, out = Path(args.build), Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    b, t = (int(x) for x in args.shape.split("x"))
+    tmp = Path(tempfile.mkdtemp(prefix="ftd-profile-bench-"))
+    tokens = tmp / "tokens.u32"
+    np.random.default_rng(0).integers(0, 128256, size=b * (t + 1) * (args.warmup + args.steps + 1),
+                                      dtype=np.uint32).tofile(tokens)
+    spec = {"model": {"preset": "llama-3.1-8b"}, "data": {"path": str(tokens), "token_dtype": "uint32"},
+            "batch_size": b, "seq_len": t, "device": "cuda", "dtype": "bf16", "optimizer": {"lr": 1e-5},
+            "profile": {"warmup_steps": args.warmup, "steps": args.steps}}
+    spec_path = tmp / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    addr, metrics = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    log = open(out / "ftd-profile-bench.log", "wb")
+    ftd = subprocess.Popen([str(build / "server" / "ftd"), "--listen", addr, "--metrics-listen", metrics,
+                            "--data-dir", str(tmp / "ftd-data")], stdout=log, stderr=log)
+    ftctl = [str(build / "client" / "ftctl"), "--addr", addr]
+    run = lambda *a: subprocess.run(ftctl + list(a), capture_output=True, text=True)
+    for _ in range(200):
+        if run("list", "--timeout", "1").returncode == 0:
+            break
+        time.sleep(0.1)
+    jobs, result = {}, {"shape": args.shape}
+    try:
+        for ks in ("eager", "fused"):
+            p = run("submit", str(spec_path), "--kind", "profile", "--name", f"profile-{ks}", "--set", f"kernel_set={ks}")
+            jobs[ks] = p.stdout.strip()
+            print(f"# {ks}: {jobs[ks]} {p.stderr.strip()}", flush=True)
+        for ks, job in jobs.items():
+            w = run("wait", job)
+            print(f"# {ks} {job}: {w.stdout.strip()} {w.stderr.strip()}", flush=True)
+            table = run("profile", job, "--top", str(args.top), "--trace", str(tmp / f"trace-{ks}.json"))
+            (out / f"profile-{ks}.txt").write_text(table.stdout)
+            print(f"\n## {ks} ({job})\n\n{table.stdout}{table.stderr}", flush=True)
+            report = json.loads(run("profile", job, "-o", "json").stdout or "{}")
+            result[ks] = {"job": job, "step_device_ms": report.get("step_device_ms"),
+                          "step_wall_ms": report.get("step_wall_ms"), "trace_bytes": report.get("trace_bytes"),
+                          "categories": report.get("categories"),
+                          "ops": [o for o in report.get("ops", [])][:60]}
+        cmp = run("compare", jobs["eager"], jobs["fused"], "--top", str(args.top))
+        (out / "profile-compare.txt").write_text(cmp.stdout)
+        print(f"\n## compare eager (A) vs fused (B)\n\n{cmp.stdout}{cmp.stderr}", flush=True)
+        text = urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10).read().decode()
+        prom = [l for l in text.splitlines() if l.startswith("ftd_profile_")]
+        print("\n## /metrics (ftd_profile_*)\n\n" + "\n".join(prom), flush=True)
+        result["metrics"] = prom
+    finally:
+        ftd.terminate()
+        ftd.wait(timeout=60)
+    (out / "profile_bench.json").write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
