@@ -33,12 +33,16 @@ fi
 build=${FTD_BUILD_DIR:-$root/build}
 torch_prefix=$("$venv/bin/python" -c 'import torch; print(torch.utils.cmake_prefix_path)')
 # nvcc (the CUDA toolkit) builds the fused kernels; it is often installed off PATH.
-cuda_flags=()
+cmake_flags=()
 if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
-  cuda_flags=(-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc)
+  cmake_flags=(-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc)
+fi
+# The GPU benchmarks (bench/) only run on a GPU: without one, they are not built.
+if ! { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }; then
+  cmake_flags+=(-DFTD_BUILD_BENCH=OFF)
 fi
 if [ ! -f "$build/CMakeCache.txt" ]; then
-  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "${cuda_flags[@]}" \
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "${cmake_flags[@]}" \
     -DCMAKE_PREFIX_PATH="$torch_prefix" -DPython3_EXECUTABLE="$venv/bin/python" >/tmp/ftd-configure.log 2>&1 || {
     cat /tmp/ftd-configure.log >&2; rm -rf "$build"; echo "setup: cmake configure failed (log above)" >&2; exit 1; }
 fi
