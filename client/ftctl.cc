@@ -130,6 +130,8 @@ int Follow(JobClient& client, const std::string& id, bool print, bool json) {
   InterruptWatcher interrupt(&client);
   ftd::v1::JobState final_state = ftd::v1::JOB_STATE_UNSPECIFIED;
   bool reconnecting = false;
+  const bool live = isatty(STDOUT_FILENO) != 0;  // not a terminal (a file, a pipe): one line per event
+  bool live_line = false;
   auto st = client.Watch(
       id, 0,
       [&](const ftd::v1::JobEvent& e) {
@@ -138,12 +140,24 @@ int Follow(JobClient& client, const std::string& id, bool print, bool json) {
           std::cerr << "ftctl: reconnected" << std::endl;
           reconnecting = false;
         }
-        if (print) std::cout << (json ? ftd::client::ToJson(e, false) : ftd::client::EventLine(e)) << std::endl;
+        if (!print) return;
+        if (json) {
+          std::cout << ftd::client::ToJson(e, false) << std::endl;
+        } else if (live && e.has_step()) {
+          // On a terminal the step line is one live line, rewritten in place.
+          std::cout << "\r\x1b[K" << ftd::client::EventLine(e) << std::flush;
+          live_line = true;
+        } else {
+          if (live_line) std::cout << "\n";
+          live_line = false;
+          std::cout << ftd::client::EventLine(e) << std::endl;
+        }
       },
       [&](const std::string& why) {
         if (!reconnecting) std::cerr << "ftctl: lost the connection to ftd (" << why << "); reconnecting" << std::endl;
         reconnecting = true;
       });
+  if (live_line) std::cout << std::endl;
   if (interrupt.fired()) {
     std::cerr << "ftctl: stopped watching " << id << "; the job goes on" << std::endl;
     return kExitInterrupted;
