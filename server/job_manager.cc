@@ -382,6 +382,7 @@ absl::StatusOr<bool> JobManager::OnWorkerMessage(const ftd::v1::WorkerMessage& m
   const auto& hello = msg.hello();
   std::string slot, kernel_set;
   double energy_delta_j = 0;
+  int64_t steps_delta = 0, tokens_delta = 0;
   bool cancel;
   {
     std::lock_guard<std::mutex> l(mu_);
@@ -399,6 +400,12 @@ absl::StatusOr<bool> JobManager::OnWorkerMessage(const ftd::v1::WorkerMessage& m
     slot = r.slot;
     kernel_set = r.kernel_set;
     cancel = r.cancel || r.drain;
+    if (msg.has_step()) {
+      steps_delta = std::max<int64_t>(0, msg.step().step() - r.reported_step);
+      tokens_delta = std::max<int64_t>(0, msg.step().tokens_total() - r.reported_tokens);
+      r.reported_step = std::max(r.reported_step, msg.step().step());
+      r.reported_tokens = std::max(r.reported_tokens, msg.step().tokens_total());
+    }
     if (msg.has_step() && msg.step().nvml_available()) {
       energy_delta_j = std::max(0.0, msg.step().energy_total_j() - r.energy_reported_j);
       r.energy_reported_j = std::max(r.energy_reported_j, msg.step().energy_total_j());
@@ -408,7 +415,7 @@ absl::StatusOr<bool> JobManager::OnWorkerMessage(const ftd::v1::WorkerMessage& m
     JobEvent e;
     if (msg.has_step()) {
       *e.mutable_step() = msg.step();
-      metrics_->Step(slot, kernel_set, msg.step(), energy_delta_j);
+      metrics_->Step(slot, kernel_set, msg.step(), steps_delta, tokens_delta, energy_delta_j);
     } else if (msg.has_profile()) {
       *e.mutable_profile() = msg.profile();
       metrics_->Profile(kernel_set, msg.profile());
@@ -501,6 +508,8 @@ absl::Status JobManager::StartLocked(const Job& queued, const std::string& slot)
   auto config = ftd::worker::ToTrainConfig(job->spec());
   r.kernel_set = config.ok() ? config->Kernels().Label() : "eager";
   r.attempt = job->attempt();
+  r.reported_step = job->last_step().step();
+  r.reported_tokens = job->last_step().tokens_total();
   r.last_seen = std::chrono::steady_clock::now();
   r.started_ms = now;
   auto pid = supervisor_->Spawn(req);

@@ -79,6 +79,8 @@ class JobManager {
     ftd::v1::RunResult result;
     bool cancel = false, lost = false, drain = false;
     double energy_reported_j = 0;  // the worker's energy_total_j already added to the counter
+    int64_t reported_step = 0;     // the job's step and tokens already counted in the metrics (a
+    int64_t reported_tokens = 0;   // report covers log_every steps; a resumed attempt starts here)
   };
   std::string TracePathOf(const std::string& id) const;
 

@@ -52,6 +52,18 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
   gpu_memory_used_ = &BuildGauge().Name("ftd_worker_gpu_memory_used_bytes").Help("NVML memory used on the slot's GPU at the last step").Register(r);
   profile_seconds_ = &BuildGauge().Name("ftd_profile_device_seconds_per_step").Help("Device time per training step by op category, from the last PROFILE job of the kernel set").Register(r);
   profile_step_seconds_ = &BuildGauge().Name("ftd_profile_step_device_seconds").Help("Device time per training step, from the last PROFILE job of the kernel set").Register(r);
+  // Every series of the closed label sets exists from the start at 0, so rate() and increase() see
+  // a job's first failure (a series born at 1 has no increase to see).
+  for (const char* kind : {"finetune", "profile"}) submissions_->Add({{"kind", kind}});
+  completions_->Add({{"state", "succeeded"}, {"outcome", "succeeded"}});
+  completions_->Add({{"state", "cancelled"}, {"outcome", "cancelled"}});
+  for (const char* outcome : {"invalid_spec", "gpu_out_of_memory", "non_finite", "worker_error", "killed_by_signal",
+                              "worker_exit", "lost_heartbeat", "spawn_failed", "daemon_restart"}) {
+    completions_->Add({{"state", "failed"}, {"outcome", outcome}});
+  }
+  for (const char* reason : {"killed_by_signal", "worker_exit", "lost_heartbeat", "spawn_failed", "daemon_restart"}) {
+    retries_->Add({{"reason", reason}});
+  }
 }
 
 void Metrics::JobSubmitted(ftd::v1::JobKind kind) { submissions_->Add({{"kind", KindLabel(kind)}}).Increment(); }
@@ -87,14 +99,14 @@ void Metrics::Profile(const std::string& kernel_set, const ftd::v1::ProfileRepor
 }
 
 void Metrics::Step(const std::string& slot, const std::string& kernel_set, const ftd::v1::StepReport& r,
-                   double energy_delta_j) {
+                   int64_t steps_delta, int64_t tokens_delta, double energy_delta_j) {
   const std::map<std::string, std::string> l = {{"slot", slot}, {"kernel_set", kernel_set}};
   tokens_per_s_->Add(l).Set(r.tokens_per_s());
   step_time_->Add(l).Set(r.step_time_s());
   loss_->Add(l).Set(r.loss());
   mfu_->Add(l).Set(r.mfu());
-  tokens_->Add(l).Increment(static_cast<double>(r.tokens()));
-  steps_->Add(l).Increment();
+  tokens_->Add(l).Increment(static_cast<double>(tokens_delta));
+  steps_->Add(l).Increment(static_cast<double>(steps_delta));
   peak_mem_->Add({{"slot", slot}, {"kind", "gpu_allocated"}}).Set(static_cast<double>(r.peak_mem_allocated_bytes()));
   peak_mem_->Add({{"slot", slot}, {"kind", "gpu_reserved"}}).Set(static_cast<double>(r.peak_mem_reserved_bytes()));
   peak_mem_->Add({{"slot", slot}, {"kind", "host_rss"}}).Set(static_cast<double>(r.peak_rss_bytes()));

@@ -28,9 +28,10 @@ class Metrics {
   // A job reached a terminal state; outcome is its reason code (SUCCEEDED, GPU_OUT_OF_MEMORY, ...).
   void JobFinished(ftd::v1::JobState state, const std::string& outcome, double run_seconds);
   void Retry(const std::string& reason);
-  // A step report; energy_delta_j is the energy the worker used since its previous report.
-  void Step(const std::string& slot, const std::string& kernel_set, const ftd::v1::StepReport& r,
-            double energy_delta_j);
+  // A step report, which may cover several steps (log_every): the deltas are the steps, tokens and
+  // energy since the job's previous report.
+  void Step(const std::string& slot, const std::string& kernel_set, const ftd::v1::StepReport& r, int64_t steps_delta,
+            int64_t tokens_delta, double energy_delta_j);
   // A PROFILE job's result: device seconds per step by op category.
   void Profile(const std::string& kernel_set, const ftd::v1::ProfileReport& p);
   void SlotIdle(const std::string& slot);

@@ -55,6 +55,17 @@ def test_job_succeeds_streams_metrics_and_exports_them(daemon):
     assert [x["id"] for x in json.loads(lst.stdout)] == [job]
 
 
+def test_step_counters_count_every_step_when_reports_are_sparse(daemon):
+    job = submit(daemon, dict(TINY, steps=10, log_every=4))  # reports at steps 4, 8 and 10
+    assert ftctl(daemon, "wait", job, timeout=300).returncode == 0
+    m = daemon.metrics()
+    assert m[("ftd_worker_steps_total", (("kernel_set", "eager"), ("slot", "cpu")))] == 10
+    assert m[("ftd_worker_tokens_total", (("kernel_set", "eager"), ("slot", "cpu")))] == 10 * 4 * 32
+    # closed label sets exist from the start, at 0
+    assert m[("ftd_job_completions_total", (("outcome", "gpu_out_of_memory"), ("state", "failed")))] == 0
+    assert m[("ftd_job_retries_total", (("reason", "killed_by_signal"),))] == 0
+
+
 def test_bad_input_is_refused_with_the_field_named(daemon):
     p = ftctl(daemon, "submit", "--default", "--set", "batch_size=0")
     assert p.returncode != 0 and "spec.batch_size must be >= 1 (got 0)" in p.stderr
