@@ -149,7 +149,7 @@ def test_deploy_files_use_only_catalog_metrics_and_labels():
     # the dashboard's template variable queries a catalog metric and label too
     tv = {v["name"]: v for v in json.loads(DASHBOARD.read_text())["templating"]["list"]}
     assert tv["kernel_set"]["definition"] == "label_values(ftd_profile_device_seconds_per_step, kernel_set)"
-    # what the brief asks the dashboard and alerts to cover
+    # what the dashboard and the alerts must cover
     for m in ("ftd_jobs", "ftd_job_submissions_total", "ftd_job_completions_total", "ftd_job_queue_wait_seconds_bucket",
               "ftd_job_run_duration_seconds_bucket", "ftd_worker_tokens_per_second", "ftd_worker_step_time_seconds",
               "ftd_worker_loss", "ftd_worker_mfu_ratio", "ftd_worker_peak_memory_bytes", "ftd_worker_power_watts",
