@@ -65,7 +65,8 @@ int RunAgent(const AgentOptions& opts, std::atomic<bool>* stop) {
     }
   }
   ftd::v1::TrainSpec spec = assignment.spec();
-  if (!spec.checkpoint().has_dir()) spec.mutable_checkpoint()->set_dir(assignment.checkpoint_dir());
+  const bool checkpoints = !spec.checkpoint().has_enabled() || spec.checkpoint().enabled();
+  if (checkpoints && !spec.checkpoint().has_dir()) spec.mutable_checkpoint()->set_dir(assignment.checkpoint_dir());
 
   grpc::ClientContext ctx;
   ftd::v1::WorkerAck ack;

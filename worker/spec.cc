@@ -77,6 +77,7 @@ absl::StatusOr<engine::TrainConfig> ToTrainConfig(const ftd::v1::TrainSpec& s) {
   if (ck.has_every_steps()) c.checkpoint.every_steps = ck.every_steps();
   if (ck.has_resume()) c.checkpoint.resume = ck.resume();
   if (ck.has_keep_last()) c.checkpoint.keep_last = ck.keep_last();
+  if (ck.has_enabled() && !ck.enabled()) c.checkpoint.dir.clear();
   if (s.has_steps()) c.steps = s.steps();
   if (s.has_batch_size()) c.batch_size = s.batch_size();
   if (s.has_seq_len()) c.seq_len = s.seq_len();

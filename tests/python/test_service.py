@@ -56,8 +56,10 @@ def test_job_succeeds_streams_metrics_and_exports_them(daemon):
 
 
 def test_step_counters_count_every_step_when_reports_are_sparse(daemon):
-    job = submit(daemon, dict(TINY, steps=10, log_every=4))  # reports at steps 4, 8 and 10
+    job = submit(daemon, dict(TINY, steps=10, log_every=4, checkpoint={"enabled": False}))  # reports at 4, 8, 10
     assert ftctl(daemon, "wait", job, timeout=300).returncode == 0
+    assert not (daemon.data / "jobs" / job / "checkpoints").exists()  # checkpoints off, also under ftd
+    assert get(daemon, job)["result"]["last_checkpoint"] == ""
     m = daemon.metrics()
     assert m[("ftd_worker_steps_total", (("kernel_set", "eager"), ("slot", "cpu")))] == 10
     assert m[("ftd_worker_tokens_total", (("kernel_set", "eager"), ("slot", "cpu")))] == 10 * 4 * 32
