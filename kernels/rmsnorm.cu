@@ -15,23 +15,35 @@
 // rounding (2^-9 relative) plus accumulation order.
 //
 // Determinism: dw is reduced without atomics. Each block of the backward owns a fixed set of rows and
-// accumulates their dy * xhat in registers (per thread: fixed columns), combines its row groups in a fixed
-// order, and writes one partial row; a second kernel sums the P partial rows of each column in a fixed
-// order. Same inputs on the same device give bitwise the same dw.
+// accumulates their dy * xhat per column in a fixed order (each column owned by one thread), and writes
+// one partial row; a second kernel sums the P partial rows of each column in a fixed order. Same inputs
+// on the same device give bitwise the same dw.
 //
 // Paths (picked per call; every one is exercised by rmsnorm_test.cc):
-//   cached (fast): n % V == 0 (V = 16 / sizeof(dtype): 8 bf16, 4 fp32), the base pointers 16-byte aligned
-//     (so every row is), and n / V <= kChunksPerThread * kMaxGroupThreads (n <= 8192 bf16, 4096 fp32).
-//     A "row group" of G threads (a multiple of 32, G * kChunksPerThread >= n / V) holds one row in
-//     registers as 16-byte vectors, loaded once; a block holds R row groups (G * R <= 512), each
-//     synchronised by its own named barrier, so a block works on R rows at once. w is widened to fp32 in
-//     shared memory once per block. Both directions run a persistent grid sized to what is resident on
-//     the device at once, each group looping over rows; the backward keeps each thread's share of dw in
-//     registers across its rows, so dw needs only one partial row per block.
+//   pipelined (fast; sm_90 and newer): n % V == 0 (V = 16 / sizeof(dtype): 8 bf16, 4 fp32), the base
+//     pointers 16-byte aligned (so every row is), and n / V <= kPipeThreads * kMaxChunks (n <= 8192 bf16,
+//     4096 fp32). A block of T threads (a multiple of 32, T * K >= n / V) works on one row at a time;
+//     thread t owns the 16-byte vectors t, t + T, ..., t + (K - 1) * T of every row, so w (widened to
+//     fp32) and, in the backward, the thread's share of dw stay in its registers for the whole launch.
+//     The forward takes K = kMaxChunks (fewer instructions per row, more blocks per multiprocessor), the
+//     backward the fewest K that fit (its registers hold K vectors of dy, x, w and dw). Rows reach shared
+//     memory through the bulk copy engine (cp.async.bulk, one copy per row and tensor, completing on an
+//     mbarrier) into a ring of S stages, up to S - 1 rows ahead of the row being computed: the bytes in
+//     flight do not depend on registers or on the warps being busy elsewhere. Per row, one
+//     __syncthreads: the row reduction (warp shuffles, then one value per warp through a double-buffered
+//     scratch), which also tells thread 0 that every thread has its values of the stage in registers, so
+//     it refills that stage at once. Forward: block b handles the rows b * R, ..., b * R + R - 1
+//     (R <= kFwdRowsPerBlock), so the block scheduler balances the multiprocessors to the end. Backward:
+//     a persistent grid (what is resident at once, at most kMaxPartials blocks); block b handles rows b,
+//     b + grid, ... (a fixed assignment: dw's partial sums must not depend on timing). These kernels and
+//     the dw reduction are launched as programmatic dependent
+//     launches (each may be scheduled while the previous kernel in the stream drains, and waits for it
+//     before touching global memory) and ask for the largest shared-memory carveout, so that
+//     back-to-back launches do not reconfigure the multiprocessors.
 //   looped (any n): a block per row, two passes over the row (the second re-reads from L1/L2), 16-byte
 //     vectors when n % V == 0 and the pointers are aligned, scalar elements otherwise (odd n such as 4097,
 //     or unaligned views). The backward accumulates dw directly in its block's partial row (each column
-//     owned by one thread, so no races).
+//     owned by one thread, so no races). Also the fallback on devices older than sm_90.
 #include <algorithm>
 #include <climits>
 #include <mutex>
@@ -48,10 +60,12 @@ using detail::FromFloat;
 using detail::ToFloat;
 using detail::WarpSum;
 
-constexpr int kChunksPerThread = 2;    // cached path: 16-byte vectors per thread per row (in registers)
-constexpr int kMaxGroupThreads = 512;  // cached path: threads of one row group
-constexpr int kBlockThreads = 512;     // cached path: threads of a block (row groups * group threads)
-constexpr int kMaxGroups = 8;          // row groups per block (named barriers 1..8; 0 is __syncthreads)
+constexpr int kPipeThreads = 512;      // pipelined path: most threads of a block
+constexpr int kMaxChunks = 2;          // pipelined path: most 16-byte vectors a thread owns per row
+constexpr int kMaxStages = 8;          // pipelined path: most rows (of each tensor) in shared memory per block
+constexpr int kStageAlign = 128;       // pipelined path: bytes; each row's place in a stage starts so aligned
+constexpr int kPipeSmemPerSm = 200 * 1024;  // pipelined path: stage bytes per multiprocessor (of 228 KB)
+constexpr int64_t kFwdRowsPerBlock = 4;     // pipelined forward: most rows of one block
 constexpr int kLoopThreads = 512;      // looped path: threads of a block (one row at a time)
 constexpr int64_t kMaxPartials = 512;  // upper bound on backward blocks, hence on workspace rows
 
@@ -71,8 +85,7 @@ __device__ __forceinline__ void StoreChunk(T* p, const Chunk<T, W>& c) {
   *reinterpret_cast<Chunk<T, W>*>(p) = c;
 }
 
-// A chunk of zeros: the value of a chunk past the end of the row (never stored; keeps the loads below
-// free of loop-carried register state).
+// A chunk of zeros: the value of a chunk past the end of the row (never stored).
 template <typename T, int W>
 __device__ __forceinline__ Chunk<T, W> ZeroChunk() {
   Chunk<T, W> c;
@@ -81,216 +94,258 @@ __device__ __forceinline__ Chunk<T, W> ZeroChunk() {
   return c;
 }
 
-// Asks L2 to fetch the 128-byte line holding p (a hint: no register, no wait). The cached kernels issue
-// it for the next row a group will handle, so that row's loads find it in L2 (more bytes in flight per
-// multiprocessor than the registers alone hold). Set to false to compare.
-constexpr bool kPrefetchNextRow = true;
-__device__ __forceinline__ void PrefetchL2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
-
-// Barrier over the `nthreads` threads (whole warps) of one row group; id 1..15 (0 is __syncthreads).
-__device__ __forceinline__ void GroupBarrier(int id, int nthreads) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(nthreads) : "memory");
-}
-
-// Sum over the row group of blockDim.x threads (threadIdx.y selects the group); every thread of the group
-// gets the same value. `scratch` is this group's kMaxGroupThreads / 32 floats of shared memory.
-__device__ __forceinline__ float GroupSum(float v, float* scratch) {
-  v = WarpSum(v);  // butterfly: bitwise the same value in every lane
-  const int nwarps = blockDim.x >> 5;
-  if (nwarps == 1) return v;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, id = 1 + threadIdx.y;
-  GroupBarrier(id, blockDim.x);  // the previous call's reads of scratch are done
-  if (lane == 0) scratch[warp] = v;
-  GroupBarrier(id, blockDim.x);
-  float s = 0.f;
-  for (int i = 0; i < nwarps; ++i) s += scratch[i];  // same order in every thread
-  return s;
-}
-
 // ---------------------------------------------------------------------------------------------------
-// Cached path. blockDim = (G, R): group threadIdx.y handles rows blockIdx.x * R + y, + gridDim.x * R, ...
-// (a persistent grid). Thread x of a group owns the vectors x, x + G, ..., x + (K - 1) * G of every row it
-// handles, so its share of dw stays in its registers across rows. w is widened to fp32 once per block into
-// shared memory (registers are what limits how many rows are in flight per multiprocessor).
+// Pipelined path. blockDim = (T); dynamic shared memory = S stages of `stride` bytes (forward: the x row;
+// backward: the dy row, then the x row at stride / 2). Stage s is filled for the block's rows number s,
+// s + S, s + 2S, ... (counting the block's own rows from 0; its j-th fill completes phase j of mbarrier
+// full[s]).
 
-// Widens w (n elements) into shared memory; every thread of the block calls it.
-template <typename T>
-__device__ __forceinline__ void StageWeights(const T* w, int n, float* wsm) {
-  const int nt = blockDim.x * blockDim.y;
-  for (int i = threadIdx.y * blockDim.x + threadIdx.x; i < n; i += nt) wsm[i] = ToFloat(w[i]);
-  __syncthreads();
+// Bytes of one row's place in a stage.
+__host__ __device__ __forceinline__ uint32_t RowStride(uint32_t row_bytes) {
+  return (row_bytes + kStageAlign - 1) / kStageAlign * kStageAlign;
 }
 
-// W fp32 values from 16-byte aligned shared memory (W is a multiple of 4 on the cached path).
-template <int W>
-__device__ __forceinline__ void LoadShared(const float* p, float (&out)[W]) {
-  static_assert(W % 4 == 0);
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+// Orders the mbarrier inits before the bulk copies that complete on them.
+__device__ __forceinline__ void FenceMbarInit() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+// Arrives (the barrier's one expected arrival) and adds `bytes` to the transaction count of this phase.
+__device__ __forceinline__ void MbarArriveExpectTx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+// Copies `bytes` (a multiple of 16; both addresses 16-byte aligned) from global to shared memory through
+// the bulk copy engine; completes `bytes` transactions on `bar`.
+__device__ __forceinline__ void BulkLoad(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+// Waits until the phase of `bar` with the given parity has completed.
+__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\tselp.u32 %0, 1, 0, p;\n\t}"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (done == 0);
+}
+#endif
+
+// Programmatic dependent launch (sm_90+; no-ops before). The kernels of this file that the launcher starts
+// with the launch attribute that allows it (Launch below, sm_90+ only) may begin while the previous work
+// in the stream is still finishing, so each calls GridDependencyWait() before its first access to global
+// memory: it returns once that work has completed and its writes are visible. LaunchDependents() lets
+// the next such kernel in the stream be scheduled (its blocks then wait in their GridDependencyWait()).
+__device__ __forceinline__ void GridDependencyWait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void LaunchDependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// w widened to fp32 for the vectors this thread owns (zeros past the end of the row).
+template <typename T, int W, int K>
+__device__ __forceinline__ void LoadWeights(const T* w, int nc, float (&wf)[K][W]) {
 #pragma unroll
-  for (int q = 0; q < W / 4; ++q) {
-    const float4 v = reinterpret_cast<const float4*>(p)[q];
-    out[4 * q] = v.x;
-    out[4 * q + 1] = v.y;
-    out[4 * q + 2] = v.z;
-    out[4 * q + 3] = v.w;
+  for (int k = 0; k < K; ++k) {
+    const int c = threadIdx.x + k * blockDim.x;
+    const Chunk<T, W> v = c < nc ? LoadChunk<T, W>(w + static_cast<int64_t>(c) * W) : ZeroChunk<T, W>();
+#pragma unroll
+    for (int j = 0; j < W; ++j) wf[k][j] = ToFloat(v.v[j]);
   }
 }
 
+// Sum over the block of every thread's `v` (same value, bitwise, in every thread: every warp runs the
+// same butterfly over the same per-warp sums). `scratch` holds kPipeThreads / 32 floats; callers
+// alternate between two of them, so one barrier per call suffices: a buffer is written again only after
+// the next call's barrier, which every thread reaches after its reads. The barrier also orders every
+// thread's earlier shared-memory reads before what thread 0 does after it.
+__device__ __forceinline__ float PipeBlockSum(float v, float* scratch) {
+  const int lane = threadIdx.x & 31;
+  v = WarpSum(v);
+  if (lane == 0) scratch[threadIdx.x >> 5] = v;
+  __syncthreads();
+  return WarpSum(lane < static_cast<int>(blockDim.x >> 5) ? scratch[lane] : 0.f);
+}
+
 template <typename T, int W, int K>
-__global__ void __launch_bounds__(kBlockThreads, 3)
-    RmsNormFwdCached(const T* x, const T* w, T* y, float* rstd, int64_t rows, int n, float eps) {
-  __shared__ alignas(16) float wsm[K * W * kMaxGroupThreads];
-  __shared__ float scratch[kMaxGroups][kMaxGroupThreads / 32];
-  StageWeights(w, n, wsm);
-  const int G = blockDim.x, tx = threadIdx.x, nc = n / W;
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; row < rows;
-       row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
-    const T* xr = x + row * n;
-    T* yr = y + row * n;
+__global__ void __launch_bounds__(kPipeThreads, 2)
+    RmsNormFwdPipe(const T* x, const T* w, T* y, float* rstd, int64_t rows, int n, float eps, int stages,
+                   int64_t rows_per_block) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(128) unsigned char stage_mem[];
+  __shared__ __align__(8) uint64_t full[kMaxStages];
+  __shared__ float scratch[2][kPipeThreads / 32];
+  const int tid = threadIdx.x, nt = blockDim.x, nc = n / W;
+  const int64_t first = blockIdx.x * rows_per_block, step = 1, count = min(rows_per_block, rows - first);
+  const uint32_t row_bytes = static_cast<uint32_t>(n) * sizeof(T), stride = RowStride(row_bytes);
+  const uint32_t bar0 = SmemAddr(full), mem0 = SmemAddr(stage_mem);
+  GridDependencyWait();
+  if (tid == 0) {
+    for (int s = 0; s < stages; ++s) MbarInit(bar0 + 8 * s, 1);
+    FenceMbarInit();
+    for (int s = 0; s < stages && s < count; ++s) {
+      MbarArriveExpectTx(bar0 + 8 * s, row_bytes);
+      BulkLoad(mem0 + s * stride, x + (first + s * step) * n, row_bytes, bar0 + 8 * s);
+    }
+  }
+  float wf[K][W];
+  LoadWeights<T, W, K>(w, nc, wf);
+  __syncthreads();  // the barriers are initialised
+  const float inv_n = 1.f / static_cast<float>(n);
+  int s = 0;
+  uint32_t parity = 0;
+  for (int64_t j = 0; j < count; ++j) {
+    const int64_t row = first + j * step;
+    const T* xs = reinterpret_cast<const T*>(stage_mem + s * stride);
+    MbarWait(bar0 + 8 * s, parity);
     Chunk<T, W> xv[K];
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const int c = tx + k * G;
-      xv[k] = c < nc ? LoadChunk<T, W>(xr + static_cast<int64_t>(c) * W) : ZeroChunk<T, W>();
-    }
-    if (kPrefetchNextRow && row + static_cast<int64_t>(gridDim.x) * blockDim.y < rows) {
-      const T* next = xr + static_cast<int64_t>(gridDim.x) * blockDim.y * n;
-#pragma unroll
-      for (int k = 0; k < K; ++k) {
-        const int c = tx + k * G;
-        if (c < nc) PrefetchL2(next + static_cast<int64_t>(c) * W);
-      }
-    }
     float ss = 0.f;
 #pragma unroll
     for (int k = 0; k < K; ++k) {
-      if (tx + k * G < nc) {
+      const int c = tid + k * nt;
+      xv[k] = c < nc ? LoadChunk<T, W>(xs + c * W) : ZeroChunk<T, W>();
 #pragma unroll
-        for (int j = 0; j < W; ++j) {
-          const float f = ToFloat(xv[k].v[j]);
-          ss += f * f;
-        }
+      for (int i = 0; i < W; ++i) {
+        const float f = ToFloat(xv[k].v[i]);
+        ss += f * f;
       }
     }
-    ss = GroupSum(ss, scratch[threadIdx.y]);
-    const float r = rsqrtf(ss / static_cast<float>(n) + eps);
-    if (tx == 0) rstd[row] = r;
+    ss = PipeBlockSum(ss, scratch[j & 1]);
+    if (tid == 0 && j + stages < count) {  // every thread holds its values of stage s: refill it
+      MbarArriveExpectTx(bar0 + 8 * s, row_bytes);
+      BulkLoad(mem0 + s * stride, x + (row + stages * step) * n, row_bytes, bar0 + 8 * s);
+    }
+    const float r = rsqrtf(ss * inv_n + eps);
+    if (tid == 0) rstd[row] = r;
+    T* yr = y + row * n;
 #pragma unroll
     for (int k = 0; k < K; ++k) {
-      const int c = tx + k * G;
+      const int c = tid + k * nt;
       if (c < nc) {
-        float wf[W];
-        LoadShared<W>(wsm + c * W, wf);
         Chunk<T, W> o;
 #pragma unroll
-        for (int j = 0; j < W; ++j) o.v[j] = FromFloat<T>(ToFloat(xv[k].v[j]) * r * wf[j]);
+        for (int i = 0; i < W; ++i) o.v[i] = FromFloat<T>(ToFloat(xv[k].v[i]) * r * wf[k][i]);
         StoreChunk<T, W>(yr + static_cast<int64_t>(c) * W, o);
       }
     }
+    if (++s == stages) {
+      s = 0;
+      parity ^= 1u;
+    }
   }
+  LaunchDependents();
+#else
+  __trap();  // the launcher picks this path on sm_90 and newer only
+#endif
 }
 
 template <typename T, int W, int K>
-__global__ void __launch_bounds__(kBlockThreads, 2)
-    RmsNormBwdCached(const T* dy, const T* x, const T* w, const float* rstd, T* dx, float* partial, int64_t rows,
-                     int n) {
-  // w as fp32; after the row loop the same memory exchanges dw between row groups (R > 1 only when
-  // G <= kBlockThreads / 2, so the exchange needs W * kBlockThreads / 2 <= K * W * kMaxGroupThreads floats).
-  __shared__ alignas(16) float wsm[K * W * kMaxGroupThreads];
-  __shared__ float scratch[kMaxGroups][kMaxGroupThreads / 32];
-  static_assert(W * kBlockThreads / 2 <= K * W * kMaxGroupThreads);
-  StageWeights(w, n, wsm);
-  const int G = blockDim.x, R = blockDim.y, tx = threadIdx.x, ty = threadIdx.y, nc = n / W;
-  float acc[K][W];
+__global__ void __launch_bounds__(kPipeThreads, K == 1 ? 2 : 1)
+    RmsNormBwdPipe(const T* dy, const T* x, const T* w, const float* rstd, T* dx, float* partial, int64_t rows, int n,
+                   int stages) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(128) unsigned char stage_mem[];
+  __shared__ __align__(8) uint64_t full[kMaxStages];
+  __shared__ float scratch[2][kPipeThreads / 32];
+  const int tid = threadIdx.x, nt = blockDim.x, nc = n / W;
+  const int64_t first = blockIdx.x, step = gridDim.x, count = (rows - 1 - first) / step + 1;
+  const uint32_t row_bytes = static_cast<uint32_t>(n) * sizeof(T), half = RowStride(row_bytes), stride = 2 * half;
+  const uint32_t bar0 = SmemAddr(full), mem0 = SmemAddr(stage_mem);
+  GridDependencyWait();
+  if (tid == 0) {
+    for (int s = 0; s < stages; ++s) MbarInit(bar0 + 8 * s, 1);
+    FenceMbarInit();
+    for (int s = 0; s < stages && s < count; ++s) {
+      const int64_t off = (first + s * step) * n;
+      MbarArriveExpectTx(bar0 + 8 * s, 2 * row_bytes);
+      BulkLoad(mem0 + s * stride, dy + off, row_bytes, bar0 + 8 * s);
+      BulkLoad(mem0 + s * stride + half, x + off, row_bytes, bar0 + 8 * s);
+    }
+  }
+  float wf[K][W], acc[K][W];
+  LoadWeights<T, W, K>(w, nc, wf);
 #pragma unroll
   for (int k = 0; k < K; ++k) {
 #pragma unroll
-    for (int j = 0; j < W; ++j) acc[k][j] = 0.f;
+    for (int i = 0; i < W; ++i) acc[k][i] = 0.f;
   }
+  float r_next = rstd[first];  // rstd of the next row, loaded one row ahead
+  __syncthreads();             // the barriers are initialised
   const float inv_n = 1.f / static_cast<float>(n);
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * R + ty; row < rows;
-       row += static_cast<int64_t>(gridDim.x) * R) {
-    const T* dyr = dy + row * n;
-    const T* xr = x + row * n;
-    T* dxr = dx + row * n;
+  int s = 0;
+  uint32_t parity = 0;
+  for (int64_t j = 0; j < count; ++j) {
+    const int64_t row = first + j * step;
+    const float r = r_next;
+    if (j + 1 < count) r_next = rstd[row + step];
+    const T* dys = reinterpret_cast<const T*>(stage_mem + s * stride);
+    const T* xs = reinterpret_cast<const T*>(stage_mem + s * stride + half);
+    MbarWait(bar0 + 8 * s, parity);
     Chunk<T, W> dyv[K], xv[K];
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const int c = tx + k * G;
-      dyv[k] = c < nc ? LoadChunk<T, W>(dyr + static_cast<int64_t>(c) * W) : ZeroChunk<T, W>();
-      xv[k] = c < nc ? LoadChunk<T, W>(xr + static_cast<int64_t>(c) * W) : ZeroChunk<T, W>();
-    }
-    if (kPrefetchNextRow && row + static_cast<int64_t>(gridDim.x) * R < rows) {
-      const int64_t step = static_cast<int64_t>(gridDim.x) * R * n;
-#pragma unroll
-      for (int k = 0; k < K; ++k) {
-        const int c = tx + k * G;
-        if (c < nc) {
-          PrefetchL2(dyr + step + static_cast<int64_t>(c) * W);
-          PrefetchL2(xr + step + static_cast<int64_t>(c) * W);
-        }
-      }
-    }
-    const float r = rstd[row];
     float dot = 0.f;  // sum of g * x over the row
 #pragma unroll
     for (int k = 0; k < K; ++k) {
-      const int c = tx + k * G;
-      if (c < nc) {
-        float wf[W];
-        LoadShared<W>(wsm + c * W, wf);
+      const int c = tid + k * nt;
+      dyv[k] = c < nc ? LoadChunk<T, W>(dys + c * W) : ZeroChunk<T, W>();
+      xv[k] = c < nc ? LoadChunk<T, W>(xs + c * W) : ZeroChunk<T, W>();
 #pragma unroll
-        for (int j = 0; j < W; ++j) dot += ToFloat(dyv[k].v[j]) * wf[j] * ToFloat(xv[k].v[j]);
-      }
+      for (int i = 0; i < W; ++i) dot += ToFloat(dyv[k].v[i]) * wf[k][i] * ToFloat(xv[k].v[i]);
     }
-    dot = GroupSum(dot, scratch[ty]);
+    dot = PipeBlockSum(dot, scratch[j & 1]);
+    if (tid == 0 && j + stages < count) {  // every thread holds its values of stage s: refill it
+      const int64_t off = (row + stages * step) * n;
+      MbarArriveExpectTx(bar0 + 8 * s, 2 * row_bytes);
+      BulkLoad(mem0 + s * stride, dy + off, row_bytes, bar0 + 8 * s);
+      BulkLoad(mem0 + s * stride + half, x + off, row_bytes, bar0 + 8 * s);
+    }
     const float mean_gxhat = dot * r * inv_n;  // mean(g * xhat)
+    T* dxr = dx + row * n;
 #pragma unroll
     for (int k = 0; k < K; ++k) {
-      const int c = tx + k * G;
+      const int c = tid + k * nt;
       if (c < nc) {
-        float wf[W];
-        LoadShared<W>(wsm + c * W, wf);
         Chunk<T, W> o;
 #pragma unroll
-        for (int j = 0; j < W; ++j) {
-          const float d = ToFloat(dyv[k].v[j]);
-          const float xh = ToFloat(xv[k].v[j]) * r;
-          o.v[j] = FromFloat<T>(r * (d * wf[j] - xh * mean_gxhat));
-          acc[k][j] += d * xh;
+        for (int i = 0; i < W; ++i) {
+          const float d = ToFloat(dyv[k].v[i]);
+          const float xh = ToFloat(xv[k].v[i]) * r;
+          o.v[i] = FromFloat<T>(r * (d * wf[k][i] - xh * mean_gxhat));
+          acc[k][i] += d * xh;
         }
         StoreChunk<T, W>(dxr + static_cast<int64_t>(c) * W, o);
       }
     }
+    if (++s == stages) {
+      s = 0;
+      parity ^= 1u;
+    }
   }
-  // Combine the R groups into group 0, in the order 1, 2, ..., R - 1 (every thread reaches this point;
-  // the first barrier also ends every group's reads of w, whose memory is reused here).
-  float* xchg = wsm;
+  LaunchDependents();
+  float* pr = partial + static_cast<int64_t>(blockIdx.x) * n;
 #pragma unroll
   for (int k = 0; k < K; ++k) {
-    for (int src = 1; src < R; ++src) {
-      __syncthreads();
-      if (ty == src) {
+    const int c = tid + k * nt;
+    if (c < nc) {
 #pragma unroll
-        for (int j = 0; j < W; ++j) xchg[j * G + tx] = acc[k][j];
-      }
-      __syncthreads();
-      if (ty == 0) {
-#pragma unroll
-        for (int j = 0; j < W; ++j) acc[k][j] += xchg[j * G + tx];
-      }
+      for (int i = 0; i < W; ++i) pr[static_cast<int64_t>(c) * W + i] = acc[k][i];
     }
   }
-  if (ty == 0) {
-    float* pr = partial + static_cast<int64_t>(blockIdx.x) * n;
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const int c = tx + k * G;
-      if (c < nc) {
-#pragma unroll
-        for (int j = 0; j < W; ++j) pr[static_cast<int64_t>(c) * W + j] = acc[k][j];
-      }
-    }
-  }
+#else
+  __trap();  // the launcher picks this path on sm_90 and newer only
+#endif
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -372,27 +427,55 @@ __global__ void __launch_bounds__(kLoopThreads) RmsNormBwdLooped(const T* dy, co
 }
 
 // dw[c] = sum over p < P of partial[p, c], in a fixed order. Block (32, 32): lane x = column, y = a
-// strided subset of the partial rows; the 32 subtotals are then added in order of y. P == 0 gives 0.
+// strided subset of the partial rows; the 32 subtotals are then added as a fixed tree. P == 0 gives 0.
 template <typename T>
 __global__ void __launch_bounds__(1024) RmsNormDwReduce(const float* partial, int64_t P, int n, T* dw) {
   __shared__ float sub[32][33];
-  const int c = blockIdx.x * 32 + threadIdx.x;
+  GridDependencyWait();
+  const int c = blockIdx.x * 32 + threadIdx.x, y = threadIdx.y;
   float s = 0.f;
   if (c < n) {
-#pragma unroll 4
-    for (int64_t p = threadIdx.y; p < P; p += 32) s += partial[p * n + c];
+#pragma unroll 8
+    for (int64_t p = y; p < P; p += 32) s += partial[p * n + c];
   }
-  sub[threadIdx.y][threadIdx.x] = s;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < n) {
-    float t = 0.f;
-    for (int i = 0; i < 32; ++i) t += sub[i][threadIdx.x];
-    dw[c] = FromFloat<T>(t);
+  sub[y][threadIdx.x] = s;
+  for (int h = 16; h > 0; h >>= 1) {  // a fixed tree over y
+    __syncthreads();
+    if (y < h) sub[y][threadIdx.x] += sub[y + h][threadIdx.x];
   }
+  if (y == 0 && c < n) dw[c] = FromFloat<T>(sub[0][threadIdx.x]);
 }
 
 // ---------------------------------------------------------------------------------------------------
 // Launch helpers.
+
+// Per device, cached: the multiprocessor count and whether the pipelined path runs there (sm_90+).
+struct DeviceInfo {
+  int sms = 1;
+  bool pipelined = false;
+};
+DeviceInfo GetDeviceInfo(int device) {
+  static std::mutex mu;
+  static std::vector<std::pair<int, DeviceInfo>> cache;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (const auto& e : cache) {
+      if (e.first == device) return e.second;
+    }
+  }
+  DeviceInfo info;
+  int sms = 0, major = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+    cudaGetLastError();  // clear; the launch reports any real problem
+    return info;
+  }
+  info.sms = std::max(1, sms);
+  info.pipelined = major >= 9;
+  std::lock_guard<std::mutex> lock(mu);
+  cache.emplace_back(device, info);
+  return info;
+}
 
 // Blocks of `kernel` with `threads` threads resident at once on the current device (multiprocessors x
 // blocks per multiprocessor), cached per (device, kernel, threads): the query is host-only but not free.
@@ -413,13 +496,12 @@ int ResidentBlocks(const void* kernel, int threads) {
       if (e.device == device && e.kernel == kernel && e.threads == threads) return e.blocks;
     }
   }
-  int sms = 0, per_sm = 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0) != cudaSuccess) {
-    cudaGetLastError();  // clear; the launch reports any real problem
+  int per_sm = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0) != cudaSuccess) {
+    cudaGetLastError();
     return 1;
   }
-  const int blocks = std::max(1, sms * std::max(per_sm, 1));
+  const int blocks = std::max(1, GetDeviceInfo(device).sms * std::max(per_sm, 1));
   std::lock_guard<std::mutex> lock(mu);
   cache.push_back({device, kernel, threads, blocks});
   return blocks;
@@ -432,21 +514,126 @@ int64_t BalancedGroups(int64_t rows, int64_t cap) {
   return CeilDiv(rows, CeilDiv(rows, groups));
 }
 
-struct CachedShape {
+// The pipelined path's block shape for rows of n elements (T threads owning K vectors each), or !ok
+// when it does not apply. K = kMaxChunks (fewer threads, so fewer per-row instructions and more blocks
+// per multiprocessor: the forward, whose registers allow it) or the fewest that fit (the backward, whose
+// registers hold K vectors of dy, x, w and dw each).
+struct PipeShape {
   bool ok = false;
-  int group_threads = 0, groups = 0;
+  int threads = 0, chunks = 0;
 };
-// The cached path's block shape for rows of n elements, or !ok when it does not apply.
 template <typename T>
-CachedShape CachedShapeFor(int64_t n, bool aligned) {
+PipeShape PipeShapeFor(int64_t n, bool aligned, bool most_chunks) {
   constexpr int V = detail::kVec<T>;
-  CachedShape s;
-  if (!aligned || n % V != 0 || n / V > static_cast<int64_t>(kChunksPerThread) * kMaxGroupThreads) return s;
-  const int nc = static_cast<int>(n / V);
-  s.group_threads = static_cast<int>(CeilDiv(CeilDiv(nc, kChunksPerThread), 32) * 32);
-  s.groups = std::min(kMaxGroups, kBlockThreads / s.group_threads);
+  PipeShape s;
+  if (!aligned || n % V != 0 || n / V > static_cast<int64_t>(kPipeThreads) * kMaxChunks) return s;
+  const int64_t nc = n / V;
+  s.chunks = most_chunks ? kMaxChunks : static_cast<int>(CeilDiv(nc, kPipeThreads));
+  s.threads = static_cast<int>(CeilDiv(CeilDiv(nc, s.chunks), 32) * 32);
   s.ok = true;
   return s;
+}
+
+// How a pipelined kernel is launched on the current device for stages of `stage_bytes`: as many stages
+// as give the multiprocessor about kPipeSmemPerSm bytes in flight over the blocks its registers and
+// threads allow (2..kMaxStages), and the blocks resident at once with that much shared memory. Cached per
+// (device, kernel, threads, stage bytes). !ok: use the looped path.
+struct PipePlan {
+  bool ok = false;
+  int stages = 0;
+  int smem = 0;
+  int64_t resident = 0;
+};
+PipePlan PlanPipe(const void* kernel, int threads, int stage_bytes) {
+  struct Entry {
+    int device;
+    const void* kernel;
+    int threads, stage_bytes;
+    PipePlan plan;
+  };
+  static std::mutex mu;
+  static std::vector<Entry> cache;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return {};
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (const Entry& e : cache) {
+      if (e.device == device && e.kernel == kernel && e.threads == threads && e.stage_bytes == stage_bytes) return e.plan;
+    }
+  }
+  const DeviceInfo info = GetDeviceInfo(device);
+  PipePlan p;
+  int by_regs = 0, per_sm = 0;
+  // The largest shared-memory carveout: the one these kernels need, so that consecutive launches of them
+  // (and of RmsNormDwReduce, PreferMaxShared) find the multiprocessors already configured.
+  if (info.pipelined &&
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kPipeSmemPerSm) == cudaSuccess &&
+      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) ==
+          cudaSuccess &&
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&by_regs, kernel, threads, 0) == cudaSuccess && by_regs > 0) {
+    p.stages = std::clamp(kPipeSmemPerSm / by_regs / stage_bytes, 2, kMaxStages);
+    p.smem = p.stages * stage_bytes;
+    if (p.smem <= kPipeSmemPerSm &&
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, p.smem) == cudaSuccess && per_sm > 0) {
+      p.resident = static_cast<int64_t>(info.sms) * per_sm;
+      p.ok = true;
+    }
+  }
+  cudaGetLastError();  // clear any failed query: the looped path is taken instead
+  std::lock_guard<std::mutex> lock(mu);
+  cache.push_back({device, kernel, threads, stage_bytes, p});
+  return p;
+}
+
+// Asks for the largest shared-memory carveout for `kernel` on the current device (once per device and
+// kernel); a hint, failures ignored.
+void PreferMaxShared(const void* kernel) {
+  static std::mutex mu;
+  static std::vector<std::pair<int, const void*>> done;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return;
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  for (const auto& e : done) {
+    if (e.first == device && e.second == kernel) return;
+  }
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) !=
+      cudaSuccess) {
+    cudaGetLastError();
+  }
+  done.emplace_back(device, kernel);
+}
+
+// Launches `kernel`; with `pdl` (sm_90+ only), as a programmatic dependent launch: it may be scheduled
+// while the previous kernel in the stream finishes, and waits for it in GridDependencyWait().
+template <typename... Params, typename... Args>
+cudaError_t Launch(bool pdl, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                   Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1] = {};
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
+}
+
+bool CurrentDevicePipelined() {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return GetDeviceInfo(device).pipelined;
 }
 
 int LoopThreads(int64_t chunks) { return static_cast<int>(std::min<int64_t>(kLoopThreads, CeilDiv(chunks, 32) * 32)); }
@@ -457,15 +644,22 @@ template <typename T>
 cudaError_t Forward(const T* x, const T* w, T* y, float* rstd, int64_t rows, int n, float eps, cudaStream_t stream) {
   constexpr int V = detail::kVec<T>;
   const bool aligned = detail::Aligned16(x) && detail::Aligned16(w) && detail::Aligned16(y);
-  const CachedShape s = CachedShapeFor<T>(n, aligned);
+  const PipeShape s = PipeShapeFor<T>(n, aligned, /*most_chunks=*/true);
   if (s.ok) {
-    auto* kernel = RmsNormFwdCached<T, V, kChunksPerThread>;
-    const int64_t cap =
-        static_cast<int64_t>(ResidentBlocks(reinterpret_cast<const void*>(kernel), s.group_threads * s.groups)) *
-        s.groups;
-    const int64_t grid = CeilDiv(BalancedGroups(rows, cap), s.groups);
-    kernel<<<static_cast<unsigned>(grid), dim3(s.group_threads, s.groups), 0, stream>>>(x, w, y, rstd, rows, n, eps);
-  } else if (aligned && n % V == 0) {
+    auto* kernel = RmsNormFwdPipe<T, V, kMaxChunks>;
+    const int stage_bytes = static_cast<int>(RowStride(static_cast<uint32_t>(n) * sizeof(T)));
+    const PipePlan p = PlanPipe(reinterpret_cast<const void*>(kernel), s.threads, stage_bytes);
+    if (p.ok) {
+      // A few consecutive rows per block, fewer when that leaves multiprocessors idle; the block scheduler
+      // hands the next block to whichever multiprocessor frees a slot first, which balances the end.
+      const int64_t per_block = std::max(std::clamp<int64_t>(CeilDiv(rows, p.resident), 1, kFwdRowsPerBlock),
+                                         CeilDiv(rows, kMaxGrid));
+      const int stages = static_cast<int>(std::min<int64_t>(p.stages, per_block));
+      return Launch(true, kernel, dim3(static_cast<unsigned>(CeilDiv(rows, per_block))), dim3(s.threads),
+                    static_cast<size_t>(stages) * stage_bytes, stream, x, w, y, rstd, rows, n, eps, stages, per_block);
+    }
+  }
+  if (aligned && n % V == 0) {
     RmsNormFwdLooped<T, V><<<static_cast<unsigned>(std::min(rows, kMaxGrid)), LoopThreads(n / V), 0, stream>>>(
         x, w, y, rstd, rows, n, eps);
   } else {
@@ -480,30 +674,35 @@ cudaError_t Backward(const T* dy, const T* x, const T* w, const float* rstd, T* 
                      int n, cudaStream_t stream) {
   constexpr int V = detail::kVec<T>;
   const bool aligned = detail::Aligned16(dy) && detail::Aligned16(x) && detail::Aligned16(w) && detail::Aligned16(dx);
-  const CachedShape s = CachedShapeFor<T>(n, aligned);
   int64_t blocks = 0;
   if (rows > 0) {
+    const PipeShape s = PipeShapeFor<T>(n, aligned, /*most_chunks=*/false);
+    cudaError_t e = cudaSuccess;
     if (s.ok) {
-      auto* kernel = RmsNormBwdCached<T, V, kChunksPerThread>;
-      const int threads = s.group_threads * s.groups;
-      const int64_t groups = BalancedGroups(
-          rows, static_cast<int64_t>(ResidentBlocks(reinterpret_cast<const void*>(kernel), threads)) * s.groups);
-      blocks = std::min(CeilDiv(groups, s.groups), kMaxPartials);
-      kernel<<<static_cast<unsigned>(blocks), dim3(s.group_threads, s.groups), 0, stream>>>(dy, x, w, rstd, dx, partial,
-                                                                                            rows, n);
-    } else {
+      auto* kernel = s.chunks == 1 ? RmsNormBwdPipe<T, V, 1> : RmsNormBwdPipe<T, V, 2>;
+      const int stage_bytes = 2 * static_cast<int>(RowStride(static_cast<uint32_t>(n) * sizeof(T)));
+      const PipePlan p = PlanPipe(reinterpret_cast<const void*>(kernel), s.threads, stage_bytes);
+      if (p.ok) {
+        blocks = std::min({rows, p.resident, kMaxPartials});
+        e = Launch(true, kernel, dim3(static_cast<unsigned>(blocks)), dim3(s.threads), p.smem, stream, dy, x, w, rstd,
+                   dx, partial, rows, n, p.stages);
+      }
+    }
+    if (blocks == 0) {
       const bool vec = aligned && n % V == 0;
       auto* kernel = vec ? RmsNormBwdLooped<T, V> : RmsNormBwdLooped<T, 1>;
       const int threads = LoopThreads(vec ? n / V : n);
       blocks =
           std::min(BalancedGroups(rows, ResidentBlocks(reinterpret_cast<const void*>(kernel), threads)), kMaxPartials);
       kernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(dy, x, w, rstd, dx, partial, rows, n);
+      e = cudaGetLastError();
     }
-    const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }
-  RmsNormDwReduce<T><<<static_cast<unsigned>(CeilDiv(n, 32)), dim3(32, 32), 0, stream>>>(partial, blocks, n, dw);
-  return cudaGetLastError();
+  const bool pdl = CurrentDevicePipelined();
+  if (pdl) PreferMaxShared(reinterpret_cast<const void*>(RmsNormDwReduce<T>));
+  return Launch(pdl, RmsNormDwReduce<T>, dim3(static_cast<unsigned>(CeilDiv(n, 32))), dim3(32, 32), 0, stream,
+                static_cast<const float*>(partial), blocks, n, dw);
 }
 
 bool SizesOk(int64_t rows, int64_t n) { return rows >= 0 && n >= 1 && n <= INT_MAX; }

@@ -4,15 +4,22 @@
 //
 // Tolerances (MaxRelError: max |got - want| / max |want|):
 //   fp32 outputs 1e-5: fp32 arithmetic (~6e-8 per operation) over row sums of <= 16392 terms, reduced
-//     as per-thread runs plus trees, stays near 1e-6; dw adds <= 2048 rows in short runs the same way.
+//     as per-thread runs plus trees, stays near 1e-6; dw adds <= 7000 rows in short runs the same way.
 //   bf16 outputs 2^-8: the output is rounded to bf16 (2^-9 relative to itself, hence to the maximum),
 //     and the fp32 error before the rounding (~1e-6) can at most move it to the neighbouring bf16 value.
 //   rstd (fp32 in both dtypes) 1e-5, computed from the quantized x.
 //
-// Which kernel path a case takes (see rmsnorm.cu): cached = n % V == 0 (V = 8 bf16, 4 fp32), aligned
-// pointers, n / V <= 1024; looped vector = aligned, n % V == 0, n / V > 1024; looped scalar = otherwise.
-// Cached block shapes covered: bf16 n 4096 = 2 groups of 256 threads, n 1024 = 8 groups of 64 (8 named
-// barriers), n 64 = 8 one-warp groups, n 4104 = one group of 288; fp32 n 4096 = one group of 512.
+// Which kernel path a case takes (see rmsnorm.cu): pipelined = n % V == 0 (V = 8 bf16, 4 fp32), aligned
+// pointers, n / V <= 1024 (on sm_90 and newer); looped vector = aligned, n % V == 0, n / V > 1024; looped
+// scalar = otherwise. Pipelined block shapes covered (T threads x K vectors each; the forward always
+// takes K = 2, the backward the fewest that fit): bf16 n 4096 = 256 x 2 forward, 512 x 1 backward;
+// n 8192 = 512 x 2; n 4104 = 288 x 2 (thread 224 owns the last vector as its second); n 1024 = 64 x 2
+// forward, 128 x 1 backward; n 64 and n 8 = one warp, mostly idle; fp32 n 4096 = 512 x 2, n 1024 =
+// 128 x 2 forward, 256 x 1 backward. The ring of S <= 8 stages wraps (a block's row j uses stage j % S
+// at parity j / S) only when a block gets more than S rows: in the backward, whose grid is what is
+// resident at once (a few hundred blocks at n 4096), 7000 rows there use every stage three times or more,
+// in place too; in the forward (at most 4 rows a block, 1 when rows <= the blocks resident at once), at
+// fp32 n 4096, where registers allow 4 blocks a multiprocessor and so 3 stages of 16 KB.
 #include "kernels/rmsnorm.h"
 
 #include <gtest/gtest.h>
@@ -137,18 +144,20 @@ void RunBackward(const Case& c, DType t) {
 
 const std::vector<Case>& Cases() {
   static const std::vector<Case> cases = {
-      // cached path: LLaMA width, odd row counts, many rows per row group (2048: the grid is what is
-      // resident at once, a few hundred groups), small and ragged widths
+      // pipelined path: LLaMA width, odd row counts, many rows per block (2048; 7000: the ring of stages
+      // wraps several times), small and ragged widths, two vectors per thread (8192 bf16)
       {1, 4096},
       {3, 4096},
       {37, 4096},
       {257, 4096},
       {2048, 4096},
+      {7000, 4096},
       {37, 1024},
       {3000, 1024},
       {5, 64},
       {37, 8},
       {3, 4104},
+      {67, 8192},
       // looped vector path: more than 1024 vectors per row (bf16 8200 = 1025 x 8; fp32 8200 and 4100)
       {3, 8200},
       {37, 4100},
@@ -164,6 +173,7 @@ const std::vector<Case>& Cases() {
       {37, 4096, 1},
       // in place
       {37, 4096, 0, true},
+      {7000, 4096, 0, true},
       {37, 4097, 0, true}};
   return cases;
 }
