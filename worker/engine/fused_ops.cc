@@ -50,7 +50,7 @@ struct RmsNormFn : public torch::autograd::Function<RmsNormFn> {
     const int64_t n = x.size(-1), rows = x.numel() / n;
     auto y = torch::empty_like(x);
     auto rstd = torch::empty({rows}, x.options().dtype(torch::kFloat));
-    RECORD_USER_SCOPE("ftd::rmsnorm_forward");
+    RECORD_FUNCTION("ftd::rmsnorm_forward", c10::ArrayRef<const c10::IValue>{});
     Check(k::RmsNormForward(dt, x.data_ptr(), w.contiguous().data_ptr(), y.data_ptr(), rstd.data_ptr<float>(), rows, n,
                             static_cast<float>(eps), Stream()),
           "RmsNormForward");
@@ -67,7 +67,7 @@ struct RmsNormFn : public torch::autograd::Function<RmsNormFn> {
     auto dx = torch::empty_like(x);
     auto dw = torch::empty_like(w);
     auto ws = Workspace(k::RmsNormBackwardWorkspaceBytes(rows, n), x);
-    RECORD_USER_SCOPE("ftd::rmsnorm_backward");
+    RECORD_FUNCTION("ftd::rmsnorm_backward", c10::ArrayRef<const c10::IValue>{});
     Check(k::RmsNormBackward(KDType(x, "rmsnorm x"), dy.data_ptr(), x.data_ptr(), w.data_ptr(), rstd.data_ptr<float>(),
                              dx.data_ptr(), dw.data_ptr(), ws.data_ptr(), rows, n, Stream()),
           "RmsNormBackward");
@@ -86,7 +86,7 @@ struct RopeFn : public torch::autograd::Function<RopeFn> {
                 "rope: cos/sin must be contiguous fp32 [T, D/2]");
     auto x = x_in.contiguous();
     auto out = torch::empty_like(x);
-    RECORD_USER_SCOPE("ftd::rope_forward");
+    RECORD_FUNCTION("ftd::rope_forward", c10::ArrayRef<const c10::IValue>{});
     Check(k::RopeForward(dt, x.data_ptr(), out.data_ptr(), cos.data_ptr<float>(), sin.data_ptr<float>(), x.size(0),
                          x.size(1), x.size(2), x.size(3), Stream()),
           "RopeForward");
@@ -97,7 +97,7 @@ struct RopeFn : public torch::autograd::Function<RopeFn> {
     auto saved = ctx->get_saved_variables();
     auto dy = grads[0].contiguous();
     auto dx = torch::empty_like(dy);
-    RECORD_USER_SCOPE("ftd::rope_backward");
+    RECORD_FUNCTION("ftd::rope_backward", c10::ArrayRef<const c10::IValue>{});
     Check(k::RopeBackward(KDType(dy, "rope dy"), dy.data_ptr(), dx.data_ptr(), saved[0].data_ptr<float>(),
                           saved[1].data_ptr<float>(), dy.size(0), dy.size(1), dy.size(2), dy.size(3), Stream()),
           "RopeBackward");
@@ -113,7 +113,7 @@ struct SwiGluFn : public torch::autograd::Function<SwiGluFn> {
                 "swiglu: gate and up must have the same shape and dtype");
     auto gate = gate_in.contiguous(), up = up_in.contiguous();
     auto out = torch::empty_like(gate);
-    RECORD_USER_SCOPE("ftd::swiglu_forward");
+    RECORD_FUNCTION("ftd::swiglu_forward", c10::ArrayRef<const c10::IValue>{});
     Check(k::SwiGluForward(dt, gate.data_ptr(), up.data_ptr(), out.data_ptr(), gate.numel(), Stream()),
           "SwiGluForward");
     ctx->save_for_backward({gate, up});
@@ -125,7 +125,7 @@ struct SwiGluFn : public torch::autograd::Function<SwiGluFn> {
     const auto& up = saved[1];
     auto dout = grads[0].contiguous();
     auto dgate = torch::empty_like(gate), dup = torch::empty_like(up);
-    RECORD_USER_SCOPE("ftd::swiglu_backward");
+    RECORD_FUNCTION("ftd::swiglu_backward", c10::ArrayRef<const c10::IValue>{});
     Check(k::SwiGluBackward(KDType(gate, "swiglu gate"), dout.data_ptr(), gate.data_ptr(), up.data_ptr(),
                             dgate.data_ptr(), dup.data_ptr(), gate.numel(), Stream()),
           "SwiGluBackward");
@@ -144,7 +144,7 @@ struct CrossEntropyFn : public torch::autograd::Function<CrossEntropyFn> {
     const int64_t rows = logits.size(0), vocab = logits.size(1);
     auto opts = logits.options().dtype(torch::kFloat);
     auto loss = torch::empty({rows}, opts), lse = torch::empty({rows}, opts);
-    RECORD_USER_SCOPE("ftd::cross_entropy_forward");
+    RECORD_FUNCTION("ftd::cross_entropy_forward", c10::ArrayRef<const c10::IValue>{});
     Check(k::CrossEntropyForward(dt, logits.data_ptr(), logits.stride(0), labels.data_ptr<int64_t>(),
                                  loss.data_ptr<float>(), lse.data_ptr<float>(), rows, vocab, ignore_index, Stream()),
           "CrossEntropyForward");
@@ -159,7 +159,7 @@ struct CrossEntropyFn : public torch::autograd::Function<CrossEntropyFn> {
     const auto& lse = saved[2];
     auto g = grads[0].to(torch::kFloat).contiguous();  // 0-dim: the same weight for every row
     auto dlogits = torch::empty({logits.size(0), logits.size(1)}, logits.options());
-    RECORD_USER_SCOPE("ftd::cross_entropy_backward");
+    RECORD_FUNCTION("ftd::cross_entropy_backward", c10::ArrayRef<const c10::IValue>{});
     Check(k::CrossEntropyBackward(KDType(logits, "cross_entropy logits"), logits.data_ptr(), logits.stride(0),
                                   labels.data_ptr<int64_t>(), lse.data_ptr<float>(), g.data_ptr<float>(), 0,
                                   dlogits.data_ptr(), dlogits.stride(0), logits.size(0), logits.size(1),
@@ -194,7 +194,7 @@ struct LinearCrossEntropyFn : public torch::autograd::Function<LinearCrossEntrop
     auto scale = scale_in.to(x.device(), torch::kFloat).reshape({});
     const size_t ws_bytes = k::FusedLinearCrossEntropyWorkspaceBytes(dt, rows, hidden, vocab, chunk);
     auto ws = Workspace(ws_bytes, x);
-    RECORD_USER_SCOPE("ftd::linear_cross_entropy_forward");
+    RECORD_FUNCTION("ftd::linear_cross_entropy_forward", c10::ArrayRef<const c10::IValue>{});
     Check(k::FusedLinearCrossEntropy(at::cuda::getCurrentCUDABlasHandle(), dt, x.data_ptr(), w.data_ptr(),
                                      labels.data_ptr<int64_t>(), loss.data_ptr<float>(), lse.data_ptr<float>(),
                                      dx.data_ptr(), dw.data_ptr(), /*accumulate_dweight=*/false,
@@ -208,7 +208,7 @@ struct LinearCrossEntropyFn : public torch::autograd::Function<LinearCrossEntrop
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto saved = ctx->get_saved_variables();
-    RECORD_USER_SCOPE("ftd::linear_cross_entropy_backward");
+    RECORD_FUNCTION("ftd::linear_cross_entropy_backward", c10::ArrayRef<const c10::IValue>{});
     auto g = grads[0];  // 0-dim
     auto dx = saved[0].mul_(g.to(saved[0].scalar_type()));
     auto dw = saved[1].mul_(g.to(saved[1].scalar_type()));
@@ -246,7 +246,7 @@ torch::Tensor GradNorm(const std::vector<torch::Tensor>& grads) {
   const size_t ws_bytes = k::MultiTensorSumSquaresWorkspaceBytes(numels.data(), n);
   auto ws = Workspace(ws_bytes, grads[0]);
   auto out = torch::empty({}, grads[0].options().dtype(torch::kFloat));
-  RECORD_USER_SCOPE("ftd::adamw_grad_norm");
+  RECORD_FUNCTION("ftd::adamw_grad_norm", c10::ArrayRef<const c10::IValue>{});
   Check(k::MultiTensorSumSquares(ptrs.data(), numels.data(), n, KDType(grads[0], "grad"), out.data_ptr<float>(),
                                  ws.data_ptr(), ws_bytes, Stream()),
         "MultiTensorSumSquares");
@@ -280,7 +280,7 @@ void AdamWStep(const std::vector<torch::Tensor>& params, const std::vector<torch
   p.param_dtype = KDType(params[0], "adamw param");
   p.grad_dtype = KDType(grads[0], "adamw grad");
   p.moment_dtype = KDType(exp_avgs[0], "adamw exp_avg");
-  RECORD_USER_SCOPE("ftd::adamw_step");
+  RECORD_FUNCTION("ftd::adamw_step", c10::ArrayRef<const c10::IValue>{});
   Check(k::AdamWStep(ts.data(), static_cast<int>(ts.size()), p, step.data_ptr<float>(),
                      grad_scale.defined() ? grad_scale.data_ptr<float>() : nullptr,
                      found_inf.defined() ? found_inf.data_ptr<float>() : nullptr, Stream()),

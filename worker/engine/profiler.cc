@@ -110,14 +110,16 @@ ProfileSummary StepProfiler::Stop(int steps, double wall_ms_per_step, const std:
   std::unordered_map<uint64_t, int> by_corr;
   for (int i = 0; i < static_cast<int>(nodes.size()); ++i) by_corr[nodes[i].e->correlationId()] = i;
   double device_total_ns = 0;
-  std::map<std::string, double> unattributed;
+  std::map<std::string, std::pair<double, int>> unattributed;  // kernel name -> (ns, launches)
   for (const auto* d : device) {
     device_total_ns += static_cast<double>(d->durationNs());
     auto it = by_corr.find(d->linkedCorrelationId());
     if (it != by_corr.end()) {
       nodes[it->second].device_ns += static_cast<double>(d->durationNs());
     } else {
-      unattributed[d->name()] += static_cast<double>(d->durationNs());
+      auto& u = unattributed[d->name()];
+      u.first += static_cast<double>(d->durationNs());
+      u.second += 1;
     }
   }
   // Phase windows (host time), for ops on other threads (autograd's device threads).
@@ -186,13 +188,14 @@ ProfileSummary StepProfiler::Stop(int steps, double wall_ms_per_step, const std:
     r.device_ms += nodes[i].device_ns / 1e6;
     host_total_ns += nodes[i].self_host_ns;
   }
-  for (const auto& [name, ns] : unattributed) {
+  // Device work no op claims (launched outside any recorded op) keeps its kernel name.
+  for (const auto& [name, u] : unattributed) {
     OpStat& r = rows[{"other", name, CategoryOfOpName(name)}];
     r.name = name;
     r.phase = "other";
     r.category = CategoryOfOpName(name);
-    r.device_ms += ns / 1e6;
-    r.calls += 1;
+    r.device_ms += u.first / 1e6;
+    r.calls += u.second;
   }
   // On a CPU run the "device" is the CPU: self CPU time is the op's time.
   const bool cpu = !cuda_;
