@@ -8,21 +8,13 @@ profile_bench.json and the tables to --out.
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 
-import numpy as np
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from ftdbench import start_ftd, token_file
 
 
 def main():
@@ -38,24 +30,14 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     b, t = (int(x) for x in args.shape.split("x"))
     tmp = Path(tempfile.mkdtemp(prefix="ftd-profile-bench-"))
-    tokens = tmp / "tokens.u32"
-    np.random.default_rng(0).integers(0, 128256, size=b * (t + 1) * (args.warmup + args.steps + 1),
-                                      dtype=np.uint32).tofile(tokens)
+    tokens = token_file(tmp / "tokens.u32", b * (t + 1) * (args.warmup + args.steps + 1))
     spec = {"model": {"preset": "llama-3.1-8b"}, "data": {"path": str(tokens), "token_dtype": "uint32"},
             "batch_size": b, "seq_len": t, "device": "cuda", "dtype": "bf16", "optimizer": {"lr": 1e-5},
             "profile": {"warmup_steps": args.warmup, "steps": args.steps}}
     spec_path = tmp / "spec.json"
     spec_path.write_text(json.dumps(spec))
-    addr, metrics = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
-    log = open(out / "ftd-profile-bench.log", "wb")
-    ftd = subprocess.Popen([str(build / "server" / "ftd"), "--listen", addr, "--metrics-listen", metrics,
-                            "--data-dir", str(tmp / "ftd-data")], stdout=log, stderr=log)
-    ftctl = [str(build / "client" / "ftctl"), "--addr", addr]
+    ftd, ftctl, metrics = start_ftd(build, tmp / "ftd-data", out / "ftd-profile-bench.log")
     run = lambda *a: subprocess.run(ftctl + list(a), capture_output=True, text=True)
-    for _ in range(200):
-        if run("list", "--timeout", "1").returncode == 0:
-            break
-        time.sleep(0.1)
     jobs, result = {}, {"shape": args.shape}
     try:
         for ks in ("eager", "fused"):

@@ -7,21 +7,13 @@ nothing measurable (tokens/s within 2%). Prints a markdown table and writes serv
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import numpy as np
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from ftdbench import start_ftd, token_file
 
 
 def median_tps(steps, warmup):
@@ -43,8 +35,7 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     b, t = (int(x) for x in args.shape.split("x"))
     tmp = Path(tempfile.mkdtemp(prefix="ftd-service-bench-"))
-    tokens = tmp / "tokens.u32"
-    np.random.default_rng(0).integers(0, 128256, size=b * (t + 1) * (args.steps + 1), dtype=np.uint32).tofile(tokens)
+    tokens = token_file(tmp / "tokens.u32", b * (t + 1) * (args.steps + 1))
     spec = {"model": {"preset": "llama-3.1-8b"}, "data": {"path": str(tokens), "token_dtype": "uint32"},
             "steps": args.steps, "batch_size": b, "seq_len": t, "device": "cuda", "dtype": "bf16",
             "kernel_set": args.kernel_set, "optimizer": {"lr": 1e-5, "weight_decay": 0.1},
@@ -52,15 +43,7 @@ def main():
     spec_path = tmp / "spec.json"
     spec_path.write_text(json.dumps(spec))
 
-    addr, metrics = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
-    log = open(out / "ftd-service-bench.log", "wb")
-    ftd = subprocess.Popen([str(build / "server" / "ftd"), "--listen", addr, "--metrics-listen", metrics,
-                            "--data-dir", str(tmp / "ftd-data")], stdout=log, stderr=log)
-    ftctl = [str(build / "client" / "ftctl"), "--addr", addr]
-    for _ in range(200):
-        if subprocess.run(ftctl + ["list", "--timeout", "1"], capture_output=True).returncode == 0:
-            break
-        time.sleep(0.1)
+    ftd, ftctl, _ = start_ftd(build, tmp / "ftd-data", out / "ftd-service-bench.log")
     rows = []
     try:
         for rep in range(args.repeat):

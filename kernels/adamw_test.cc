@@ -44,30 +44,11 @@ using testing::MaxRelError;
 using testing::Quantize;
 using testing::RandomNormal;
 using testing::SeedNote;
+using testing::Tensor;
 using testing::TestSeed;
+using testing::Tol;
 
-// A device tensor of n elements starting `offset` elements into its allocation (offset 1: unaligned).
-class Tensor {
- public:
-  Tensor(size_t n, DType t, size_t offset = 0) : buf_(n + offset, t), off_(offset) {}
-  void* get() const { return static_cast<char*>(buf_.get()) + off_ * DTypeSize(buf_.dtype()); }
-  void Upload(const std::vector<double>& v) {
-    std::vector<double> padded(off_, 0.0);
-    padded.insert(padded.end(), v.begin(), v.end());
-    buf_.Upload(padded);
-  }
-  std::vector<double> Download() const {
-    auto all = buf_.Download();
-    return std::vector<double>(all.begin() + static_cast<std::ptrdiff_t>(off_), all.end());
-  }
-  void Poison() { buf_.Poison(); }
 
- private:
-  DeviceBuffer buf_;
-  size_t off_;
-};
-
-double Tol(DType t) { return t == DType::kF32 ? 1e-5 : std::ldexp(1.0, -8); }
 
 std::vector<double> Quantized(std::vector<double> v, DType t) {
   for (auto& x : v) x = Quantize(x, t);

@@ -63,13 +63,8 @@ class Daemon:
             self.proc.wait(timeout=60)
 
     def stop(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc:
+            stop_process(self.proc)
 
     def metrics(self):
         from prometheus_client.parser import text_string_to_metric_families
@@ -79,6 +74,17 @@ class Daemon:
             for s in fam.samples:
                 samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
         return samples
+
+
+def stop_process(proc, grace=30):
+    """SIGTERM, then SIGKILL if it has not exited within `grace` seconds."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def ftctl(daemon, *args, timeout=120, input=None):

@@ -3,16 +3,7 @@ The per-op table names real LibTorch ops split into phases, the trace downloads 
 as Chrome trace JSON, two profiles compare side by side, and the categories reach /metrics."""
 import json
 
-from ftdservice import TINY, Daemon, ftctl, get, submit
-
-import pytest
-
-
-@pytest.fixture
-def daemon(tmp_path):
-    d = Daemon(tmp_path)
-    yield d
-    d.stop()
+from ftdservice import TINY, ftctl, get, submit
 
 
 def test_profile_job_table_trace_compare_and_metrics(daemon, tmp_path):

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ftdservice import FTD, TINY, Daemon, free_port, ftctl, get, submit, wait_for
+from ftdservice import FTD, TINY, Daemon, free_port, ftctl, get, stop_process, submit, wait_for
 from ftdtest import BUILD, ROOT
 
 DEPLOY = ROOT / "deploy"
@@ -281,13 +281,7 @@ class Prometheus:
         return float(res[0]["value"][1]) if res else None
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         self.log.close()
 
 

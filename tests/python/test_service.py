@@ -15,13 +15,6 @@ import pytest
 from ftdservice import (TINY, Daemon, ftctl, get, group_alive, pid_alive, submit, wait_for)
 
 
-@pytest.fixture
-def daemon(tmp_path):
-    d = Daemon(tmp_path)
-    yield d
-    d.stop()
-
-
 def state(daemon, job_id):
     return get(daemon, job_id).get("state")
 
