@@ -91,6 +91,33 @@ def test_incomplete_checkpoints_are_ignored(tmp_path):
     assert [s["step"] for s in steps] == [4, 5]
 
 
+def complete_checkpoints(root):
+    """The step-N directories whose manifest lists files of the sizes they have, by step."""
+    out = []
+    for d in sorted(Path(root).iterdir()):
+        m = d / "MANIFEST.json"
+        if d.name.endswith(".tmp") or not m.exists():
+            continue
+        files = json.loads(m.read_text())["files"]
+        if all((d / f).stat().st_size == size for f, size in files.items()):
+            out.append(d.name)
+    return out
+
+
+@pytest.mark.parametrize("keep_last", [1, 2])
+def test_keep_last_prunes_older_checkpoints(tmp_path, keep_last):
+    """Pruning removes directories (it crashed the worker when std::filesystem bound into libtorch)."""
+    ck = tmp_path / "ck"
+    spec = {"model": {"preset": "tiny"}, "batch_size": 4, "seq_len": 32, "device": "cpu", "steps": 20,
+            "checkpoint": {"dir": str(ck), "every_steps": 5, "keep_last": keep_last}}
+    code, steps, result, err = run_worker(spec, tmp_path, check=False)
+    assert code == 0, err
+    assert result["outcome"] == "SUCCEEDED" and [s["step"] for s in steps] == list(range(1, 21))
+    want = [f"step-{n:08d}" for n in (5, 10, 15, 20)][-keep_last:]
+    assert sorted(p.name for p in ck.iterdir()) == want
+    assert complete_checkpoints(ck) == want
+
+
 def test_sigterm_checkpoints_and_stops(tmp_path):
     spec = {"model": {"preset": "tiny"}, "steps": 100000, "batch_size": 2, "seq_len": 16, "device": "cpu",
             "checkpoint": {"dir": str(tmp_path / "ck")}}
