@@ -1,0 +1,60 @@
+// ftctl profile ID [--trace FILE] [--top N] [-o text|json]: a PROFILE job's per-op table.
+#include <fstream>
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "client/commands.h"
+#include "client/render.h"
+#include "worker/spec.h"
+
+namespace ftd::client {
+
+absl::StatusOr<ftd::v1::ProfileReport> FetchProfile(JobClient& client, const std::string& id) {
+  auto job = client.Get(id);
+  if (!job.ok()) return job.status();
+  if (job->kind() != ftd::v1::PROFILE) {
+    return absl::FailedPreconditionError(absl::StrCat(id, " is not a PROFILE job (submit with --kind profile)"));
+  }
+  // A profile is ready once the job has one; a job still running has none yet.
+  if (!job->has_profile()) {
+    return absl::FailedPreconditionError(absl::StrCat(id, " has no profile yet (", ftd::v1::JobState_Name(job->state()),
+                                                      " ", job->reason(), "); ftctl wait ", id, " first"));
+  }
+  return job->profile();
+}
+
+namespace {
+
+struct ProfileFlags {
+  std::string id, trace_path, output = "text";
+  int top = 25;
+};
+
+int RunProfile(const ProfileFlags& f, Context& ctx) {
+  auto p = FetchProfile(ctx.client(), f.id);
+  if (!p.ok()) return Fail(p.status());
+  if (!f.trace_path.empty()) {
+    std::ofstream out(f.trace_path, std::ios::binary | std::ios::trunc);
+    if (!out) return Usage(absl::StrCat("cannot write --trace ", f.trace_path));
+    int64_t bytes = 0;
+    if (auto st = ctx.client().DownloadTrace(f.id, out, &bytes); !st.ok()) return Fail(st);
+    std::cerr << "ftctl: wrote " << bytes << " bytes of trace to " << f.trace_path
+              << " (open it in https://ui.perfetto.dev or chrome://tracing)" << std::endl;
+  }
+  std::cout << (f.output == "json" ? ToJson(*p, true) + "\n" : ftd::worker::ProfileTable(*p, f.top));
+  return kExitOk;
+}
+
+}  // namespace
+
+Command AddProfile(CLI::App& app) {
+  auto f = std::make_shared<ProfileFlags>();
+  auto* c = app.add_subcommand("profile", "Show a PROFILE job's per-op table; --trace downloads its trace");
+  c->add_option("id", f->id, "job id")->required();
+  c->add_option("--trace", f->trace_path, "write the Chrome/Perfetto trace JSON to this file");
+  c->add_option("--top", f->top, "rows of the table (0: all)")->check(CLI::NonNegativeNumber);
+  c->add_option("-o,--output", f->output, "text or json")->check(CLI::IsMember({"text", "json"}));
+  return {c, [f](Context& ctx) { return RunProfile(*f, ctx); }};
+}
+
+}  // namespace ftd::client

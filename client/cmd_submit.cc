@@ -1,0 +1,97 @@
+// ftctl submit [SPEC.json | --default] [--set field=value]... [--name N] [--priority P] [--wait]
+#include <pwd.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <random>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/commands.h"
+#include "client/follow.h"
+#include "worker/spec.h"
+
+namespace ftd::client {
+
+namespace {
+
+struct SubmitFlags {
+  std::string spec_path, name, request_id, owner, kind = "finetune";
+  bool use_default = false, wait = false;
+  std::vector<std::string> sets;
+  int priority = 0, max_attempts = 0;
+};
+
+std::string UserName() {
+  if (const char* u = std::getenv("USER"); u != nullptr && *u != '\0') return u;
+  if (const passwd* pw = getpwuid(getuid()); pw != nullptr) return pw->pw_name;
+  return "unknown";
+}
+
+std::string NewRequestId() {
+  std::random_device rd;
+  return absl::StrFormat("ftctl-%08x%08x%08x", rd(), rd(), rd());
+}
+
+absl::StatusOr<ftd::v1::TrainSpec> ReadSpec(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat("cannot read spec file ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto spec = ftd::worker::ParseTrainSpecJson(ss.str());
+  if (!spec.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", spec.status().message()));
+  return spec;
+}
+
+int RunSubmit(const SubmitFlags& f, Context& ctx) {
+  if (f.spec_path.empty() == !f.use_default) return Usage("submit takes a spec file or --default (one of them)");
+  ftd::v1::SubmitJobRequest req;
+  if (f.use_default) {
+    *req.mutable_spec() = ftd::worker::DefaultTrainSpec(/*gpu=*/false);
+  } else {
+    auto spec = ReadSpec(f.spec_path);
+    if (!spec.ok()) return Usage(std::string(spec.status().message()));
+    *req.mutable_spec() = *spec;
+  }
+  for (const auto& kv : f.sets) {
+    if (auto st = ftd::worker::ApplySetOverride(kv, req.mutable_spec()); !st.ok()) return Usage(std::string(st.message()));
+  }
+  req.set_kind(f.kind == "profile" ? ftd::v1::PROFILE : ftd::v1::FINETUNE);
+  req.set_name(f.name);
+  req.set_priority(f.priority);
+  req.set_max_attempts(f.max_attempts);
+  req.set_owner(f.owner.empty() ? UserName() : f.owner);
+  // Always idempotent: a submit retried after a lost answer cannot create a second job.
+  req.set_request_id(f.request_id.empty() ? NewRequestId() : f.request_id);
+  auto resp = ctx.client().Submit(req);
+  if (!resp.ok()) return Fail(resp.status());
+  std::cout << resp->job().id() << std::endl;
+  if (!resp->created()) std::cerr << "ftctl: request id already used: this is the existing job" << std::endl;
+  if (!f.wait) return kExitOk;
+  const int rc = Follow(ctx.client(), resp->job().id(), FollowOutput::kNone);
+  PrintOutcome(ctx.client(), resp->job().id(), rc, std::cerr);
+  return rc;
+}
+
+}  // namespace
+
+Command AddSubmit(CLI::App& app) {
+  auto f = std::make_shared<SubmitFlags>();
+  auto* c = app.add_subcommand("submit", "Submit a job; prints its id");
+  c->add_option("spec", f->spec_path, "TrainSpec JSON file (docs/job-spec.md)");
+  c->add_flag("--default", f->use_default, "the embedded default job (tiny LLaMA on the arithmetic dataset)");
+  c->add_option("--set", f->sets, "override a spec field: --set steps=20 --set optimizer.lr=1e-4");
+  c->add_option("--name", f->name, "a name for the job");
+  c->add_option("--kind", f->kind, "finetune or profile")->check(CLI::IsMember({"finetune", "profile"}));
+  c->add_option("--priority", f->priority, "higher runs first, in [-1000, 1000] (default 0)");
+  c->add_option("--request-id", f->request_id, "idempotency key: a repeated submit returns the same job");
+  c->add_option("--owner", f->owner, "owner (default: $USER)");
+  c->add_option("--max-attempts", f->max_attempts, "attempts for infrastructure failures (default: ftd's)");
+  c->add_flag("--wait", f->wait, "wait for the job to end; exit 0 succeeded, 1 failed, 2 cancelled");
+  return {c, [f](Context& ctx) { return RunSubmit(*f, ctx); }};
+}
+
+}  // namespace ftd::client

@@ -1,0 +1,24 @@
+// Following a job to its end, shared by watch, wait and submit --wait: Ctrl-C stops following (not
+// the job), a lost connection is reported and resumed after the last event shown.
+#pragma once
+
+#include <string>
+
+#include "client/job_client.h"
+
+namespace ftd::client {
+
+// Blocks SIGINT and SIGTERM (taken by the interrupt thread Follow starts). Call first in main,
+// before gRPC starts any thread.
+void BlockInterruptSignals();
+
+enum class FollowOutput { kNone, kText, kJson };
+
+// Follows `id` until its result; `output` says how each event is shown. Returns the exit code: the
+// job's outcome (ExitCodeForState), kExitCallFailed, or kExitInterrupted on Ctrl-C.
+int Follow(JobClient& client, const std::string& id, FollowOutput output);
+
+// After a wait: "ID STATE: message" on `out` when the job ended (rc 0..2).
+void PrintOutcome(JobClient& client, const std::string& id, int rc, std::ostream& out);
+
+}  // namespace ftd::client

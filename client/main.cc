@@ -1,0 +1,41 @@
+// ftctl: the command-line client of ftd (docs/ftctl.md). Each command lives in cmd_<name>.cc; this
+// file parses the command line, resolves the connection settings and runs the chosen command.
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "client/commands.h"
+#include "client/context.h"
+#include "client/follow.h"
+
+int main(int argc, char** argv) {
+  using namespace ftd::client;
+  // Block the signals the interrupt thread waits for before gRPC starts any thread.
+  BlockInterruptSignals();
+
+  CLI::App app{"ftctl: submit, list, watch and cancel ftd fine-tuning jobs"};
+  app.require_subcommand(1);
+  app.fallthrough();  // --addr/--timeout also after the command
+  GlobalFlags flags;
+  app.add_option("--addr", flags.addr, "ftd address host:port (default: $FTD_ADDR, the config file, 127.0.0.1:7070)");
+  app.add_option("--timeout", flags.timeout_s, "seconds each call may take, retries included (default 30)")
+      ->check(CLI::PositiveNumber);
+
+  const std::vector<Command> commands = {AddSubmit(app), AddList(app),    AddGet(app),     AddWatch(app),
+                                         AddCancel(app), AddWait(app),    AddProfile(app), AddCompare(app)};
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return kExitUsage;
+  }
+
+  auto opts = ResolveOptions(flags);
+  if (!opts.ok()) return Usage(std::string(opts.status().message()));
+  Context ctx(*opts);
+  for (const auto& c : commands) {
+    if (c.app->parsed()) return c.run(ctx);
+  }
+  return Usage("no command (ftctl --help lists them)");
+}
