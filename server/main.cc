@@ -131,6 +131,8 @@ int main(int argc, char** argv) {
   grpc::ServerBuilder pub;
   int port = 0;
   pub.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  // gRPC sets SO_REUSEPORT by default: a second ftd on a taken port would then start and share it.
+  pub.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   pub.RegisterService(&jobs);
   pub.SetMaxReceiveMessageSize(4 << 20);
   std::unique_ptr<grpc::Server> server = pub.BuildAndStart();
