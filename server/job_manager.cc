@@ -161,12 +161,6 @@ absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::Submit(const ftd::v1::Sub
                                                    "\": ftd assigns each job one GPU, which the job sees as "
                                                    "cuda:0; use \"auto\" or \"cuda\""));
   }
-  auto queued = store_->CountInState(ftd::v1::QUEUED);
-  if (!queued.ok()) return queued.status();
-  if (*queued >= cfg_.max_queued) {
-    return absl::ResourceExhaustedError(absl::StrCat("the queue is full (", *queued, " jobs queued, limit ",
-                                                     cfg_.max_queued, "); retry later or cancel queued jobs"));
-  }
   Job job;
   job.set_name(req.name());
   job.set_kind(req.kind() == ftd::v1::JOB_KIND_UNSPECIFIED ? ftd::v1::FINETUNE : req.kind());
@@ -177,7 +171,7 @@ absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::Submit(const ftd::v1::Sub
   job.set_max_attempts(req.max_attempts() == 0 ? cfg_.default_max_attempts : req.max_attempts());
   job.set_request_id(req.request_id());
   *job.mutable_spec() = req.spec();
-  auto inserted = store_->Insert(job, NowMs());
+  auto inserted = store_->Insert(job, NowMs(), cfg_.max_queued);  // the queue limit is checked in its transaction
   if (!inserted.ok()) return inserted.status();
   if (inserted->second) {
     metrics_->JobSubmitted(job.kind());
@@ -232,6 +226,7 @@ absl::StatusOr<ftd::v1::ListJobsResponse> JobManager::List(const ftd::v1::ListJo
   for (int s : req.states()) f.states.push_back(static_cast<ftd::v1::JobState>(s));
   f.owner = req.owner();
   f.kind = req.kind();
+  f.newest_first = req.newest_first();
   if (req.page_size() < 0 || req.page_size() > 500) {
     return absl::InvalidArgumentError(absl::StrCat("page_size must be in [1, 500], or 0 for 50 (got ", req.page_size(), ")"));
   }

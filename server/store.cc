@@ -1,7 +1,21 @@
 #include "server/store.h"
 
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/sysmacros.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 
 namespace ftd::server {
 namespace {
@@ -29,6 +43,7 @@ class Stmt {
     return *this;
   }
   int Step() { return rc_ = sqlite3_step(s_); }
+  sqlite3_stmt* raw() { return s_; }
   int64_t Int(int col) const { return sqlite3_column_int64(s_, col); }
   std::string Blob(int col) const {
     const void* p = sqlite3_column_blob(s_, col);
@@ -51,14 +66,96 @@ bool IsTerminal(ftd::v1::JobState s) {
   return s == ftd::v1::SUCCEEDED || s == ftd::v1::FAILED || s == ftd::v1::CANCELLED;
 }
 
+namespace {
+
+std::string Bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) {
+    b /= 1024;
+    ++u;
+  }
+  return u == 0 ? absl::StrFormat("%.0f B", b) : absl::StrFormat("%.1f %s", b, units[u]);
+}
+
+// mountinfo escapes blanks, tabs, newlines and backslashes in paths as octal (\040).
+std::string Unescape(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '\\' && i + 3 < s.size() && std::isdigit(static_cast<unsigned char>(s[i + 1])) != 0) {
+      out += static_cast<char>(std::strtol(s.substr(i + 1, 3).c_str(), nullptr, 8));
+      i += 3;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
+// "filesystem tmpfs (tmpfs) mounted on /srv/ftd, 0 B of 2.0 MiB free": the filesystem that holds
+// `dir`, from /proc/self/mountinfo (the mount with dir's device and the longest matching mount point)
+// and statvfs. Empty where neither can be read.
+std::string DescribeFilesystem(const std::string& dir) {
+  std::string where;
+  struct stat st {};
+  char* real = ::realpath(dir.c_str(), nullptr);
+  const std::string path = real != nullptr ? real : dir;
+  std::free(real);
+  if (::stat(path.c_str(), &st) == 0) {
+    std::ifstream in("/proc/self/mountinfo");
+    std::string line, best_point, best_source, best_type;
+    const std::string dev = absl::StrCat(major(st.st_dev), ":", minor(st.st_dev));
+    while (std::getline(in, line)) {
+      // id parent major:minor root mount-point options [optional...] - fstype source super-options
+      std::vector<std::string> f = absl::StrSplit(line, ' ');
+      auto dash = std::find(f.begin(), f.end(), "-");
+      if (f.size() < 5 || dash == f.end() || dash + 2 >= f.end() || f[2] != dev) continue;
+      const std::string point = Unescape(f[4]);
+      const bool under = point == "/" || path == point || path.rfind(point + "/", 0) == 0;
+      if (under && point.size() >= best_point.size()) {
+        best_point = point;
+        best_type = *(dash + 1);
+        best_source = Unescape(*(dash + 2));
+      }
+    }
+    if (!best_point.empty()) where = absl::StrCat("filesystem ", best_source, " (", best_type, ") mounted on ", best_point);
+  }
+  struct statvfs vfs {};
+  if (::statvfs(path.c_str(), &vfs) == 0) {
+    absl::StrAppend(&where, where.empty() ? "" : ", ",
+                    Bytes(static_cast<double>(vfs.f_bavail) * static_cast<double>(vfs.f_frsize)), " of ",
+                    Bytes(static_cast<double>(vfs.f_blocks) * static_cast<double>(vfs.f_frsize)), " free");
+  }
+  return where;
+}
+
+std::string DirOf(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+}  // namespace
+
 absl::Status Store::Error(const char* what) const {
-  const int code = sqlite3_errcode(db_);
+  const int code = sqlite3_extended_errcode(db_);
+  const int primary = code & 0xff;
+  const int sys = sqlite3_system_errno(db_);
   std::string msg = absl::StrCat("database ", path_, ": ", what, ": ", sqlite3_errmsg(db_));
-  if (code == SQLITE_NOTADB || code == SQLITE_CORRUPT) {
+  if (primary == SQLITE_NOTADB || primary == SQLITE_CORRUPT) {
     return absl::DataLossError(absl::StrCat(msg, " (the file is corrupt or not an ftd database: restore it from a "
                                                  "backup or move it away to start empty)"));
   }
-  if (code == SQLITE_BUSY) return absl::UnavailableError(msg);
+  if (primary == SQLITE_FULL || (primary == SQLITE_IOERR && (sys == ENOSPC || sys == EDQUOT))) {
+    const std::string dir = DirOf(path_);
+    std::string detail = DescribeFilesystem(dir);
+    if (sys == EDQUOT) absl::StrAppend(&detail, detail.empty() ? "" : ", ", "disk quota exceeded");
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the disk is full: no space left for ftd's data directory ", dir, detail.empty() ? "" : " (" + detail + ")",
+        "; nothing of this write was kept (", what, ": ", sqlite3_errmsg(db_),
+        "). Free space on that disk, or move the data directory to a larger one, then retry"));
+  }
+  if (primary == SQLITE_BUSY) return absl::UnavailableError(msg);
   return absl::InternalError(msg);
 }
 
@@ -121,18 +218,34 @@ absl::Status Store::Migrate() {
         "database ", path_, " has schema version ", version, ", newer than this ftd understands (", kSchemaVersion,
         "): run the ftd that wrote it, or a newer one")));
   }
-  if (version == 0) {
-    const char* ddl[] = {
-        "CREATE TABLE jobs(seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, request_id TEXT UNIQUE,"
-        " state INTEGER NOT NULL, owner TEXT NOT NULL, kind INTEGER NOT NULL, priority INTEGER NOT NULL,"
-        " next_event INTEGER NOT NULL DEFAULT 1, job BLOB NOT NULL)",
-        "CREATE INDEX jobs_by_state ON jobs(state, priority DESC, seq)",
-        "CREATE TABLE events(job_seq INTEGER NOT NULL REFERENCES jobs(seq), seq INTEGER NOT NULL,"
-        " unix_ms INTEGER NOT NULL, event BLOB NOT NULL, PRIMARY KEY(job_seq, seq)) WITHOUT ROWID",
-        "INSERT INTO meta(key, value) VALUES('schema_version', '1')"};
-    for (const char* sql : ddl) {
+  // Each version's steps, applied in order to what the file has; all of them in this transaction.
+  static const std::vector<std::vector<const char*>> kSteps = {
+      // 1: jobs (the record is the protobuf `job`; the columns beside it are what queries filter
+      // on) and their events.
+      {"CREATE TABLE jobs(seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, request_id TEXT UNIQUE,"
+       " state INTEGER NOT NULL, owner TEXT NOT NULL, kind INTEGER NOT NULL, priority INTEGER NOT NULL,"
+       " next_event INTEGER NOT NULL DEFAULT 1, job BLOB NOT NULL)",
+       "CREATE INDEX jobs_by_state ON jobs(state, priority DESC, seq)",
+       "CREATE TABLE events(job_seq INTEGER NOT NULL REFERENCES jobs(seq), seq INTEGER NOT NULL,"
+       " unix_ms INTEGER NOT NULL, event BLOB NOT NULL, PRIMARY KEY(job_seq, seq)) WITHOUT ROWID"},
+      // 2: listing. Every filter is equalities on (owner, kind, state) followed by the order on seq,
+      // so each combination has an index ending in seq; a filter without a state is run once per
+      // state and the pages merged (List).
+      {"CREATE INDEX jobs_list_state ON jobs(state, seq)",
+       "CREATE INDEX jobs_list_owner ON jobs(owner, state, seq)",
+       "CREATE INDEX jobs_list_kind ON jobs(kind, state, seq)",
+       "CREATE INDEX jobs_list_owner_kind ON jobs(owner, kind, state, seq)"},
+  };
+  static_assert(kSchemaVersion == 2, "add the new version's steps above");
+  for (int64_t v = version + 1; v <= kSchemaVersion; ++v) {
+    for (const char* sql : kSteps[v - 1]) {
       if (auto st = Exec(sql); !st.ok()) return fail(st);
     }
+  }
+  if (version != kSchemaVersion) {
+    Stmt u(db_, "INSERT OR REPLACE INTO meta(key, value) VALUES('schema_version', ?)");
+    u.Bind(1, absl::StrCat(kSchemaVersion));
+    if (u.Step() != SQLITE_DONE) return fail(Error("set schema version"));
   }
   return Commit();
 }
@@ -169,21 +282,36 @@ absl::Status Store::AppendLocked(int64_t job_seq, ftd::v1::JobEvent& e, int64_t 
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::pair<ftd::v1::Job, bool>> Store::Insert(ftd::v1::Job job, int64_t now_ms) {
+absl::StatusOr<std::pair<ftd::v1::Job, bool>> Store::Insert(ftd::v1::Job job, int64_t now_ms, int64_t max_queued) {
   std::lock_guard<std::mutex> l(mu_);
   if (auto st = Begin(); !st.ok()) return st;
   auto fail = [&](absl::Status st) {
     Rollback();
     return st;
   };
+  // The request id first: a retried submit learns of its job even when the queue has filled since.
   if (!job.request_id().empty()) {
     Stmt q(db_, "SELECT id FROM jobs WHERE request_id = ?");
     q.Bind(1, job.request_id());
-    if (q.Step() == SQLITE_ROW) {
+    const int rc = q.Step();
+    if (rc == SQLITE_ROW) {
       auto existing = LoadLocked(q.Text(0), nullptr);
       Rollback();
       if (!existing.ok()) return existing.status();
       return std::make_pair(**existing, false);
+    }
+    if (rc != SQLITE_DONE) return fail(Error("look up request_id"));
+  }
+  // The limit inside the transaction that inserts: BEGIN IMMEDIATE holds the write lock from the
+  // count to the commit, so concurrent submits cannot all see room for one more. Counting stops at
+  // the limit.
+  if (job.state() == ftd::v1::QUEUED) {
+    Stmt c(db_, "SELECT COUNT(*) FROM (SELECT 1 FROM jobs WHERE state = ? LIMIT ?)");
+    c.Bind(1, ftd::v1::QUEUED).Bind(2, std::max<int64_t>(max_queued, 0));
+    if (c.Step() != SQLITE_ROW) return fail(Error("count queued jobs"));
+    if (c.Int(0) >= max_queued) {
+      return fail(absl::ResourceExhaustedError(absl::StrCat("the queue is full (", c.Int(0), " jobs queued, limit ",
+                                                            max_queued, "); retry later or cancel queued jobs")));
     }
   }
   {
@@ -221,33 +349,123 @@ absl::StatusOr<ftd::v1::Job> Store::Get(const std::string& id) {
   return **j;
 }
 
+namespace {
+
+// The statements of one List page. `page` finds the sequences of at most limit + 1 matching jobs,
+// in order, from one index: with no filter the primary key, otherwise the jobs_list_* index of the
+// filter's columns, run once per state (the filter's states, or every state) and merged. `fetch`
+// then reads the records of the jobs on the page, and only those.
+struct ListStatements {
+  std::string page;
+  std::vector<int> states;  // one run of `page` per state; empty: one run without a state
+};
+
+ListStatements ListSql(const JobFilter& f) {
+  ListStatements out;
+  const bool owner = !f.owner.empty(), kind = f.kind != ftd::v1::JOB_KIND_UNSPECIFIED;
+  if (!f.states.empty()) {
+    for (auto s : f.states) out.states.push_back(s);
+  } else if (owner || kind) {
+    const auto* d = ftd::v1::JobState_descriptor();
+    for (int i = 0; i < d->value_count(); ++i) out.states.push_back(d->value(i)->number());
+  }
+  std::sort(out.states.begin(), out.states.end());
+  out.states.erase(std::unique(out.states.begin(), out.states.end()), out.states.end());
+  out.page = "SELECT seq FROM jobs";
+  if (!out.states.empty()) {
+    absl::StrAppend(&out.page, " INDEXED BY ",
+                    owner && kind ? "jobs_list_owner_kind"
+                    : owner       ? "jobs_list_owner"
+                    : kind        ? "jobs_list_kind"
+                                  : "jobs_list_state",
+                    " WHERE state = ? AND");
+  } else {
+    absl::StrAppend(&out.page, " WHERE");
+  }
+  if (owner) absl::StrAppend(&out.page, " owner = ? AND");
+  if (kind) absl::StrAppend(&out.page, " kind = ? AND");
+  absl::StrAppend(&out.page, f.newest_first ? " seq < ? ORDER BY seq DESC LIMIT ?" : " seq > ? ORDER BY seq LIMIT ?");
+  return out;
+}
+
+constexpr const char* kFetchSql = "SELECT job FROM jobs WHERE seq = ?";
+constexpr const char* kEventsSql =
+    "SELECT e.event FROM events e JOIN jobs j ON e.job_seq = j.seq WHERE j.id = ? AND e.seq > ? "
+    "ORDER BY e.seq LIMIT ?";
+
+}  // namespace
+
 absl::StatusOr<std::vector<ftd::v1::Job>> Store::List(const JobFilter& f, int64_t* next_seq) {
-  std::lock_guard<std::mutex> l(mu_);
-  std::string sql = "SELECT seq, job, state FROM jobs WHERE seq > ?";
-  if (!f.owner.empty()) sql += " AND owner = ?";
-  if (f.kind != ftd::v1::JOB_KIND_UNSPECIFIED) sql += " AND kind = ?";
-  sql += " ORDER BY seq";
-  Stmt q(db_, sql.c_str());
-  int b = 1;
-  q.Bind(b++, f.after_seq);
-  if (!f.owner.empty()) q.Bind(b++, f.owner);
-  if (f.kind != ftd::v1::JOB_KIND_UNSPECIFIED) q.Bind(b++, f.kind);
-  std::vector<ftd::v1::Job> out;
   *next_seq = 0;
-  int rc;
-  while ((rc = q.Step()) == SQLITE_ROW) {
-    const auto state = static_cast<ftd::v1::JobState>(q.Int(2));
-    if (!f.states.empty() && std::find(f.states.begin(), f.states.end(), state) == f.states.end()) continue;
-    if (static_cast<int>(out.size()) == f.limit) {
-      *next_seq = out.empty() ? 0 : q.Int(0) - 1;
-      break;
-    }
+  if (f.limit < 1) return absl::InvalidArgumentError(absl::StrCat("a page holds at least 1 job (got ", f.limit, ")"));
+  const ListStatements sql = ListSql(f);
+  // Past the cursor in the chosen order; the first page of newest-first starts after the largest seq.
+  const int64_t bound = f.newest_first && f.after_seq <= 0 ? INT64_MAX : f.after_seq;
+  std::lock_guard<std::mutex> l(mu_);
+  std::vector<int64_t> seqs;
+  const size_t runs = std::max<size_t>(sql.states.size(), 1);
+  for (size_t r = 0; r < runs; ++r) {
+    Stmt q(db_, sql.page.c_str());
+    if (!q.ok()) return Error("prepare list");
+    int b = 1;
+    if (!sql.states.empty()) q.Bind(b++, sql.states[r]);
+    if (!f.owner.empty()) q.Bind(b++, f.owner);
+    if (f.kind != ftd::v1::JOB_KIND_UNSPECIFIED) q.Bind(b++, f.kind);
+    q.Bind(b++, bound);
+    q.Bind(b, int64_t{f.limit} + 1);
+    int rc;
+    while ((rc = q.Step()) == SQLITE_ROW) seqs.push_back(q.Int(0));
+    if (rc != SQLITE_DONE) return Error("list jobs");
+  }
+  if (f.newest_first) {
+    std::sort(seqs.begin(), seqs.end(), std::greater<>());
+  } else {
+    std::sort(seqs.begin(), seqs.end());
+  }
+  if (seqs.size() > static_cast<size_t>(f.limit)) {
+    seqs.resize(f.limit);
+    *next_seq = seqs.back();
+  }
+  std::vector<ftd::v1::Job> out;
+  out.reserve(seqs.size());
+  Stmt fetch(db_, kFetchSql);
+  for (int64_t seq : seqs) {
+    sqlite3_reset(fetch.raw());
+    fetch.Bind(1, seq);
+    if (fetch.Step() != SQLITE_ROW) return Error("read listed job");
     ftd::v1::Job job;
-    if (!job.ParseFromString(q.Blob(1))) return absl::DataLossError("a job record is corrupt");
+    if (!job.ParseFromString(fetch.Blob(0))) {
+      return absl::DataLossError(absl::StrCat("database ", path_, ": the record of job seq ", seq, " is corrupt"));
+    }
     out.push_back(std::move(job));
   }
-  if (rc != SQLITE_ROW && rc != SQLITE_DONE) return Error("list jobs");
   return out;
+}
+
+absl::StatusOr<std::vector<std::string>> Store::PlanLocked(const std::string& sql) {
+  Stmt q(db_, ("EXPLAIN QUERY PLAN " + sql).c_str());
+  if (!q.ok()) return Error("explain");
+  std::vector<std::string> lines;
+  int rc;
+  while ((rc = q.Step()) == SQLITE_ROW) lines.push_back(q.Text(3));
+  if (rc != SQLITE_DONE) return Error("explain");
+  return lines;
+}
+
+absl::StatusOr<std::vector<std::string>> Store::ListPlan(const JobFilter& f) {
+  std::lock_guard<std::mutex> l(mu_);
+  std::vector<std::string> lines;
+  for (const std::string& sql : {ListSql(f).page, std::string(kFetchSql)}) {
+    auto p = PlanLocked(sql);
+    if (!p.ok()) return p.status();
+    lines.insert(lines.end(), p->begin(), p->end());
+  }
+  return lines;
+}
+
+absl::StatusOr<std::vector<std::string>> Store::EventsPlan() {
+  std::lock_guard<std::mutex> l(mu_);
+  return PlanLocked(kEventsSql);
 }
 
 absl::StatusOr<ftd::v1::Job> Store::Update(
@@ -288,10 +506,12 @@ absl::Status Store::AppendEvent(const std::string& id, ftd::v1::JobEvent event, 
 }
 
 absl::StatusOr<std::vector<ftd::v1::JobEvent>> Store::Events(const std::string& id, int64_t after_seq, int limit) {
+  if (limit < 1 || limit > kMaxEventsPerRead) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("events are read 1 to ", kMaxEventsPerRead, " at a time (got ", limit, ")"));
+  }
   std::lock_guard<std::mutex> l(mu_);
-  Stmt q(db_,
-         "SELECT e.event FROM events e JOIN jobs j ON e.job_seq = j.seq WHERE j.id = ? AND e.seq > ? "
-         "ORDER BY e.seq LIMIT ?");
+  Stmt q(db_, kEventsSql);
   q.Bind(1, id).Bind(2, after_seq).Bind(3, limit);
   std::vector<ftd::v1::JobEvent> out;
   int rc;
@@ -302,6 +522,36 @@ absl::StatusOr<std::vector<ftd::v1::JobEvent>> Store::Events(const std::string& 
   }
   if (rc != SQLITE_DONE) return Error("read events");
   return out;
+}
+
+absl::Status Store::Delete(const std::string& id) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (auto st = Begin(); !st.ok()) return st;
+  auto fail = [&](absl::Status st) {
+    Rollback();
+    return st;
+  };
+  int64_t seq = 0;
+  auto j = LoadLocked(id, &seq);
+  if (!j.ok()) return fail(j.status());
+  if (!j->has_value()) return fail(absl::NotFoundError(absl::StrCat("job ", id, " does not exist")));
+  if (!IsTerminal((*j)->state())) {
+    return fail(absl::FailedPreconditionError(
+        absl::StrCat("job ", id, " is ", ftd::v1::JobState_Name((*j)->state()),
+                     ": only finished jobs (SUCCEEDED, FAILED, CANCELLED) can be deleted; cancel it first")));
+  }
+  {
+    Stmt d(db_, "DELETE FROM events WHERE job_seq = ?");
+    d.Bind(1, seq);
+    if (d.Step() != SQLITE_DONE) return fail(Error("delete events"));
+  }
+  {
+    Stmt d(db_, "DELETE FROM jobs WHERE seq = ?");
+    d.Bind(1, seq);
+    if (d.Step() != SQLITE_DONE) return fail(Error("delete job"));
+  }
+  if (auto st = Commit(); !st.ok()) return fail(st);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<ftd::v1::Job>> Store::JobsInStates(const std::vector<ftd::v1::JobState>& states) {

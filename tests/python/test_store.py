@@ -1,0 +1,198 @@
+"""The job store through a real ftd: the queue limit under concurrent submits, a retried request id
+while the queue is full, listing pages in both orders, and a full disk under the data directory."""
+import json
+import os
+import sqlite3
+import subprocess
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+
+from ftdapi import JobService, enum, msg, spec
+from ftdservice import FTCTL, TINY, Daemon, ftctl
+
+QUEUED = enum("JobState", "QUEUED")
+
+
+def submit_req(request_id=None, **kw):
+    return msg("SubmitJobRequest")(spec=spec(TINY), request_id=request_id or uuid.uuid4().hex, **kw)
+
+
+def list_all(svc, page_size=50, **filters):
+    ids, token = [], ""
+    for _ in range(10000):
+        resp = svc.ListJobs(msg("ListJobsRequest")(page_size=page_size, page_token=token, **filters), timeout=30)
+        ids += [j.id for j in resp.jobs]
+        token = resp.next_page_token
+        if not token:
+            return ids
+    raise AssertionError("ListJobs never reached its last page")
+
+
+def cancel_all(svc, ids):
+    for i in ids:
+        svc.CancelJob(msg("CancelJobRequest")(id=i), timeout=30)
+
+
+def test_queue_limit_holds_under_concurrent_submits(tmp_path):
+    """30 clients submit at the same instant against --max-queued 5, ten rounds over gRPC (a channel
+    each) and three with 30 ftctl processes: exactly 5 are queued each round, the others are told
+    the queue is full."""
+    limit, clients = 5, 30
+    d = Daemon(tmp_path, "--paused", "--max-queued", str(limit))
+    try:
+        channels = [grpc.insecure_channel(d.addr) for _ in range(clients)]
+        for ch in channels:
+            grpc.channel_ready_future(ch).result(timeout=20)
+        stubs = [JobService(ch) for ch in channels]
+        svc = stubs[0]
+        for rnd in range(10):
+            barrier = threading.Barrier(clients)
+
+            def one(i):
+                req = submit_req(name=f"r{rnd}-{i}")
+                barrier.wait(timeout=30)
+                try:
+                    return "created" if stubs[i].SubmitJob(req, timeout=60).created else "existing"
+                except grpc.RpcError as e:
+                    assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e.details()
+                    assert f"limit {limit}" in e.details(), e.details()
+                    return "full"
+
+            with ThreadPoolExecutor(clients) as ex:
+                results = list(ex.map(one, range(clients)))
+            queued = list_all(svc, states=[QUEUED])
+            assert (results.count("created"), results.count("full"), len(queued)) == (limit, clients - limit, limit), \
+                f"round {rnd}: {results.count('created')} created, {len(queued)} queued"
+            cancel_all(svc, queued)
+
+        spec_path = tmp_path / "spec.json"
+        spec_path.write_text(json.dumps(TINY))
+        for rnd in range(3):
+            procs = [subprocess.Popen([str(FTCTL), "--addr", d.addr, "submit", str(spec_path)],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                     for _ in range(clients)]
+            outs = [(p.wait(timeout=120), *p.communicate()) for p in procs]
+            ok = [o for o in outs if o[0] == 0]
+            refused = [o for o in outs if o[0] != 0]
+            assert all("RESOURCE_EXHAUSTED" in err and "the queue is full" in err for _, _, err in refused), refused
+            queued = list_all(svc, states=[QUEUED])
+            assert (len(ok), len(queued)) == (limit, limit), f"ftctl round {rnd}: {len(ok)} accepted"
+            cancel_all(svc, queued)
+        for ch in channels:
+            ch.close()
+    finally:
+        d.stop()
+
+
+def test_retried_request_id_gets_its_job_when_the_queue_is_full(tmp_path):
+    """A client whose first answer was lost retries with the same request id after the queue filled:
+    it is told about its job, not that the queue is full."""
+    d = Daemon(tmp_path, "--paused", "--max-queued", "2")
+    try:
+        spec_path = tmp_path / "spec.json"
+        spec_path.write_text(json.dumps(TINY))
+        first = ftctl(d, "submit", str(spec_path), "--request-id", "req-1")
+        assert first.returncode == 0, first.stderr
+        assert ftctl(d, "submit", str(spec_path), "--request-id", "req-2").returncode == 0
+        full = ftctl(d, "submit", str(spec_path), "--request-id", "req-3")
+        assert full.returncode != 0 and "RESOURCE_EXHAUSTED" in full.stderr and "queue is full" in full.stderr, \
+            full.stderr
+        retry = ftctl(d, "submit", str(spec_path), "--request-id", "req-1")
+        assert retry.returncode == 0, retry.stderr
+        assert retry.stdout.strip() == first.stdout.strip()
+        assert "request id already used" in retry.stderr
+    finally:
+        d.stop()
+
+
+def test_list_pages_in_both_orders_with_filters(tmp_path):
+    d = Daemon(tmp_path, "--paused", "--max-queued", "100")
+    try:
+        with grpc.insecure_channel(d.addr) as ch:
+            svc = JobService(ch)
+            owners = {}
+            for i in range(23):
+                owner = ["ana", "bob"][i % 3 == 0]
+                owners[svc.SubmitJob(submit_req(owner=owner), timeout=30).job.id] = owner
+            ids = list(owners)
+            cancelled = ids[::4]
+            cancel_all(svc, cancelled)
+            assert list_all(svc, page_size=4) == ids
+            assert list_all(svc, page_size=4, newest_first=True) == ids[::-1]
+            bob_queued = [i for i in ids if owners[i] == "bob" and i not in cancelled]
+            assert list_all(svc, page_size=2, owner="bob", states=[QUEUED]) == bob_queued
+            assert list_all(svc, page_size=3, owner="bob", states=[QUEUED], newest_first=True) == bob_queued[::-1]
+            assert list_all(svc, page_size=5, states=[enum("JobState", "CANCELLED")], newest_first=True) == \
+                cancelled[::-1]
+    finally:
+        d.stop()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """An 8 MiB tmpfs mounted on tmp_path/data (unmounted after the test)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "ftd-test-tmpfs", str(data)],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs to fill ({p.stderr.strip()}): run as root to test a full disk")
+    try:
+        yield data
+    finally:
+        subprocess.run(["umount", "-l", str(data)], check=False)
+
+
+def fill(path):
+    """Writes `path` until the filesystem has no room left."""
+    block = b"f" * (64 << 10)
+    with open(path, "wb", buffering=0) as f:
+        for size in (len(block), 1):
+            try:
+                while True:
+                    f.write(block[:size])
+            except OSError as e:
+                assert e.errno == 28, e  # ENOSPC
+
+
+def test_full_disk_submit_is_resource_exhausted_and_recovers(tmp_path, small_disk):
+    """With the data directory's disk full, SubmitJob answers RESOURCE_EXHAUSTED naming the disk and
+    the directory (not INTERNAL), reads still work, and once space is freed submits succeed and every
+    acknowledged job is there."""
+    d = Daemon(tmp_path, "--paused", "--max-queued", "10000")
+    try:
+        with grpc.insecure_channel(d.addr) as ch:
+            svc = JobService(ch)
+            acked = [svc.SubmitJob(submit_req(name="before"), timeout=30).job.id for _ in range(3)]
+            filler = small_disk / "filler"
+            fill(filler)
+            err = None
+            for _ in range(200):  # SQLite may still have room inside its files for a few
+                try:
+                    acked.append(svc.SubmitJob(submit_req(name="x" * 200), timeout=30).job.id)
+                except grpc.RpcError as e:
+                    err = e
+                    break
+            assert err is not None, "200 submits on a full disk all succeeded"
+            assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, (err.code(), err.details())
+            assert "the disk is full" in err.details() and str(small_disk) in err.details(), err.details()
+            assert "ftd-test-tmpfs (tmpfs)" in err.details(), err.details()
+
+            cli = ftctl(d, "submit", "--default", "--set", "device=cpu")
+            assert cli.returncode != 0 and "RESOURCE_EXHAUSTED" in cli.stderr and "disk is full" in cli.stderr, \
+                cli.stderr
+            assert list_all(svc) == acked  # reads still work, and nothing half-written shows
+
+            os.remove(filler)
+            acked.append(svc.SubmitJob(submit_req(name="after"), timeout=30).job.id)
+            assert list_all(svc) == acked
+            assert int(acked[-1][2:]) == int(acked[-2][2:]) + 1, acked  # the refused submits left no trace
+        db = sqlite3.connect(f"file:{small_disk / 'ftd.db'}?mode=ro", uri=True)
+        assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        db.close()
+    finally:
+        d.stop()
