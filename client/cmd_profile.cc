@@ -5,7 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/commands.h"
 #include "client/render.h"
-#include "worker/spec.h"
+#include "spec/profile_table.h"
 
 namespace ftd::client {
 
@@ -41,7 +41,7 @@ int RunProfile(const ProfileFlags& f, Context& ctx) {
     std::cerr << "ftctl: wrote " << bytes << " bytes of trace to " << f.trace_path
               << " (open it in https://ui.perfetto.dev or chrome://tracing)" << std::endl;
   }
-  std::cout << (f.output == "json" ? ToJson(*p, true) + "\n" : ftd::worker::ProfileTable(*p, f.top));
+  std::cout << (f.output == "json" ? ToJson(*p, true) + "\n" : ftd::spec::ProfileTable(*p, f.top));
   return kExitOk;
 }
 

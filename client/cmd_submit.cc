@@ -12,7 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "client/commands.h"
 #include "client/follow.h"
-#include "worker/spec.h"
+#include "spec/spec.h"
 
 namespace ftd::client {
 
@@ -41,7 +41,7 @@ absl::StatusOr<ftd::v1::TrainSpec> ReadSpec(const std::string& path) {
   if (!in) return absl::InvalidArgumentError(absl::StrCat("cannot read spec file ", path));
   std::stringstream ss;
   ss << in.rdbuf();
-  auto spec = ftd::worker::ParseTrainSpecJson(ss.str());
+  auto spec = ftd::spec::ParseTrainSpecJson(ss.str());
   if (!spec.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", spec.status().message()));
   return spec;
 }
@@ -50,14 +50,14 @@ int RunSubmit(const SubmitFlags& f, Context& ctx) {
   if (f.spec_path.empty() == !f.use_default) return Usage("submit takes a spec file or --default (one of them)");
   ftd::v1::SubmitJobRequest req;
   if (f.use_default) {
-    *req.mutable_spec() = ftd::worker::DefaultTrainSpec(/*gpu=*/false);
+    *req.mutable_spec() = ftd::spec::DefaultTrainSpec(/*gpu=*/false);
   } else {
     auto spec = ReadSpec(f.spec_path);
     if (!spec.ok()) return Usage(std::string(spec.status().message()));
     *req.mutable_spec() = *spec;
   }
   for (const auto& kv : f.sets) {
-    if (auto st = ftd::worker::ApplySetOverride(kv, req.mutable_spec()); !st.ok()) return Usage(std::string(st.message()));
+    if (auto st = ftd::spec::ApplySetOverride(kv, req.mutable_spec()); !st.ok()) return Usage(std::string(st.message()));
   }
   req.set_kind(f.kind == "profile" ? ftd::v1::PROFILE : ftd::v1::FINETUNE);
   req.set_name(f.name);

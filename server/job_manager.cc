@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "worker/spec.h"
+#include "spec/spec.h"
 
 namespace ftd::server {
 namespace fs = std::filesystem;
@@ -144,7 +144,7 @@ absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::Submit(const ftd::v1::Sub
     return absl::InvalidArgumentError(
         absl::StrCat("max_attempts must be in [1, 20], or 0 for the default (got ", req.max_attempts(), ")"));
   }
-  auto config = ftd::worker::ToTrainConfig(req.spec());
+  auto config = ftd::spec::ToTrainConfig(req.spec());
   if (!config.ok()) return config.status();
   if (cfg_.gpus == 0 && config->device.rfind("cuda", 0) == 0) {
     return absl::InvalidArgumentError(absl::StrCat("spec.device is \"", config->device,
@@ -500,7 +500,7 @@ absl::Status JobManager::StartLocked(const Job& queued, const std::string& slot)
   r.job_id = job->id();
   r.token = token;
   r.slot = slot;
-  auto config = ftd::worker::ToTrainConfig(job->spec());
+  auto config = ftd::spec::ToTrainConfig(job->spec());
   r.kernel_set = config.ok() ? config->Kernels().Label() : "eager";
   r.attempt = job->attempt();
   r.reported_step = job->last_step().step();

@@ -12,7 +12,8 @@
 #include "absl/strings/str_split.h"
 #include "ftd/v1/worker.grpc.pb.h"
 #include "worker/engine/engine.h"
-#include "worker/spec.h"
+#include "spec/spec.h"
+#include "worker/reports.h"
 
 namespace ftd::worker {
 
@@ -97,7 +98,7 @@ int RunAgent(const AgentOptions& opts, std::atomic<bool>* stop) {
 
   engine::RunSummary summary;
   const std::string fault = InjectedFault(assignment.name());
-  auto config = ToTrainConfig(spec);
+  auto config = spec::ToTrainConfig(spec);
   if (fault == "oom") {
     summary.outcome = engine::Outcome::kOutOfMemory;
     summary.message = "GPU out of memory: simulated by FTD_INJECT_FAULT";

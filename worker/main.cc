@@ -15,7 +15,9 @@
 #include "nlohmann/json.hpp"
 #include "worker/engine/engine.h"
 #include "worker/agent.h"
-#include "worker/spec.h"
+#include "spec/profile_table.h"
+#include "spec/spec.h"
+#include "worker/reports.h"
 
 namespace {
 
@@ -74,7 +76,7 @@ int Run(const std::string& spec_path, bool use_default, const std::vector<std::s
         const ProfileOptions& prof) {
   ftd::v1::TrainSpec spec;
   if (use_default || spec_path.empty()) {
-    spec = ftd::worker::DefaultTrainSpec(ftd::engine::CudaDeviceCount() > 0);
+    spec = ftd::spec::DefaultTrainSpec(ftd::engine::CudaDeviceCount() > 0);
   } else {
     std::ifstream in(spec_path);
     if (!in) {
@@ -83,7 +85,7 @@ int Run(const std::string& spec_path, bool use_default, const std::vector<std::s
     }
     std::stringstream ss;
     ss << in.rdbuf();
-    auto parsed = ftd::worker::ParseTrainSpecJson(ss.str());
+    auto parsed = ftd::spec::ParseTrainSpecJson(ss.str());
     if (!parsed.ok()) {
       std::cerr << "ftd-worker: " << spec_path << ": " << parsed.status().message() << "\n";
       return 2;
@@ -92,12 +94,12 @@ int Run(const std::string& spec_path, bool use_default, const std::vector<std::s
   }
   // --set a.b=value overrides, applied through the JSON mapping so they are checked the same way.
   for (const auto& kv : sets) {
-    if (auto st = ftd::worker::ApplySetOverride(kv, &spec); !st.ok()) {
+    if (auto st = ftd::spec::ApplySetOverride(kv, &spec); !st.ok()) {
       std::cerr << "ftd-worker: " << st.message() << "\n";
       return 2;
     }
   }
-  auto config = ftd::worker::ToTrainConfig(spec);
+  auto config = ftd::spec::ToTrainConfig(spec);
   if (!config.ok()) {
     std::cout << nlohmann::json{{"event", "result"}, {"outcome", "INVALID_SPEC"}, {"message", config.status().message()}}
                      .dump()
@@ -116,7 +118,7 @@ int Run(const std::string& spec_path, bool use_default, const std::vector<std::s
   hooks.on_profile = [&](const ftd::engine::ProfileSummary& p) {
     const auto report = ftd::worker::ToProfileReport(p, kernel_label);
     if (text) {
-      std::cout << ftd::worker::ProfileTable(report, prof.top) << std::flush;
+      std::cout << ftd::spec::ProfileTable(report, prof.top) << std::flush;
     } else {
       std::string json;
       google::protobuf::util::JsonPrintOptions o;
@@ -185,7 +187,7 @@ int main(int argc, char** argv) {
     return ftd::worker::RunAgent(agent_opts, &g_stop);
   }
   if (*def) {
-    std::cout << ftd::worker::TrainSpecToJson(ftd::worker::DefaultTrainSpec(gpu)) << std::endl;
+    std::cout << ftd::spec::TrainSpecToJson(ftd::spec::DefaultTrainSpec(gpu)) << std::endl;
     return 0;
   }
   if (*profile) {

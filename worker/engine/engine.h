@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "worker/engine/train_config.h"
+#include "worker/engine/spec_types.h"
 
 namespace ftd::engine {
 

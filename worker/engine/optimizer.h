@@ -12,7 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "worker/engine/train_config.h"
+#include "worker/engine/spec_types.h"
 
 namespace ftd::engine {
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "worker/engine/train_config.h"
+#include "worker/engine/spec_types.h"
 
 namespace ftd::engine {
 

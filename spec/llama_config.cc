@@ -1,4 +1,4 @@
-#include "worker/engine/llama_config.h"
+#include "spec/llama_config.h"
 
 #include <filesystem>
 #include <fstream>
@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 
-namespace ftd::engine {
+namespace ftd::spec {
 namespace {
 
 using nlohmann::json;
@@ -228,4 +228,4 @@ absl::StatusOr<LlamaConfig> PresetLlamaConfig(const std::string& name) {
       absl::StrCat("spec.model.preset must be one of: llama-3.1-8b, tiny (got ", name, ")"));
 }
 
-}  // namespace ftd::engine
+}  // namespace ftd::spec

@@ -1,4 +1,4 @@
-#include "worker/engine/train_config.h"
+#include "spec/train_config.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,7 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/match.h"
 
-namespace ftd::engine {
+namespace ftd::spec {
 namespace {
 
 absl::Status Invalid(absl::string_view field, absl::string_view rule, absl::string_view got) {
@@ -157,4 +157,4 @@ double LearningRate(const OptimizerConfig& opt, const ScheduleConfig& sched, int
   return opt.lr * (sched.min_lr_ratio + (1.0 - sched.min_lr_ratio) * cosine);
 }
 
-}  // namespace ftd::engine
+}  // namespace ftd::spec

@@ -1,9 +1,9 @@
 // The job spec's JSON mapping: defaults, validation, unknown fields.
 #include <gtest/gtest.h>
 
-#include "worker/spec.h"
+#include "spec/spec.h"
 
-namespace ftd::worker {
+namespace ftd::spec {
 namespace {
 
 TEST(Spec, UnsetFieldsTakeDefaultsAndSetOnesAreKept) {
@@ -13,9 +13,9 @@ TEST(Spec, UnsetFieldsTakeDefaultsAndSetOnesAreKept) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->steps, 7);
   EXPECT_EQ(c->optimizer.lr, 0.01);
-  EXPECT_EQ(c->optimizer.beta2, engine::OptimizerConfig().beta2);
+  EXPECT_EQ(c->optimizer.beta2, OptimizerConfig().beta2);
   EXPECT_TRUE(c->data.shuffle);
-  EXPECT_EQ(c->batch_size, engine::TrainConfig().batch_size);
+  EXPECT_EQ(c->batch_size, TrainConfig().batch_size);
 }
 
 TEST(Spec, SnakeAndCamelCaseBothParse) {
@@ -52,4 +52,4 @@ TEST(Spec, DefaultSpecsAreValidAndRoundTrip) {
 }
 
 }  // namespace
-}  // namespace ftd::worker
+}  // namespace ftd::spec

@@ -6,7 +6,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace ftd::engine {
+namespace ftd::spec {
 
 struct RopeScaling {
   std::string type;  // "" (none) or "llama3"
@@ -47,4 +47,4 @@ absl::StatusOr<LlamaConfig> LoadLlamaConfig(const std::string& path);
 // Named presets: "llama-3.1-8b" (Meta-Llama-3.1-8B's config.json) and "tiny".
 absl::StatusOr<LlamaConfig> PresetLlamaConfig(const std::string& name);
 
-}  // namespace ftd::engine
+}  // namespace ftd::spec

@@ -1,12 +1,11 @@
-#include "worker/spec.h"
+#include "spec/spec.h"
 
 #include <google/protobuf/util/json_util.h>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
 
-namespace ftd::worker {
+namespace ftd::spec {
 
 absl::StatusOr<ftd::v1::TrainSpec> ParseTrainSpecJson(const std::string& json) {
   ftd::v1::TrainSpec spec;
@@ -50,8 +49,8 @@ absl::Status ApplySetOverride(const std::string& assignment, ftd::v1::TrainSpec*
   return absl::OkStatus();
 }
 
-absl::StatusOr<engine::TrainConfig> ToTrainConfig(const ftd::v1::TrainSpec& s) {
-  engine::TrainConfig c;
+absl::StatusOr<TrainConfig> ToTrainConfig(const ftd::v1::TrainSpec& s) {
+  TrainConfig c;
   const auto& m = s.model();
   if (m.has_preset()) c.model.preset = m.preset();
   if (m.has_config_path()) c.model.config_path = m.config_path();
@@ -96,95 +95,6 @@ absl::StatusOr<engine::TrainConfig> ToTrainConfig(const ftd::v1::TrainSpec& s) {
   return c;
 }
 
-ftd::v1::StepReport ToStepReport(const engine::StepMetrics& m) {
-  ftd::v1::StepReport r;
-  r.set_step(m.step);
-  r.set_total_steps(m.total_steps);
-  r.set_loss(m.loss);
-  r.set_grad_norm(m.grad_norm);
-  r.set_lr(m.lr);
-  r.set_tokens(m.tokens);
-  r.set_tokens_total(m.tokens_total);
-  r.set_step_time_s(m.step_time_s);
-  r.set_tokens_per_s(m.tokens_per_s);
-  r.set_peak_mem_allocated_bytes(m.peak_mem_allocated_bytes);
-  r.set_peak_mem_reserved_bytes(m.peak_mem_reserved_bytes);
-  r.set_peak_rss_bytes(m.peak_rss_bytes);
-  r.set_mfu(m.mfu);
-  r.set_nvml_available(m.nvml_available);
-  r.set_energy_total_j(m.energy_total_j);
-  r.set_step_energy_j(m.step_energy_j);
-  r.set_joules_per_token(m.joules_per_token);
-  r.set_power_w(m.power_w);
-  r.set_gpu_utilization(m.gpu_utilization);
-  r.set_gpu_memory_used_bytes(m.gpu_memory_used_bytes);
-  return r;
-}
-
-ftd::v1::ProfileReport ToProfileReport(const engine::ProfileSummary& p, const std::string& kernel_set) {
-  ftd::v1::ProfileReport r;
-  r.set_device(p.device);
-  r.set_steps(p.steps);
-  r.set_step_wall_ms(p.step_wall_ms);
-  r.set_step_device_ms(p.step_device_ms);
-  for (const auto& o : p.ops) {
-    auto* x = r.add_ops();
-    x->set_name(o.name);
-    x->set_phase(o.phase);
-    x->set_category(o.category);
-    x->set_device_ms(o.device_ms);
-    x->set_share(o.share);
-    x->set_calls(o.calls);
-    x->set_host_ms(o.host_ms);
-  }
-  for (const auto& [c, ms] : p.category_ms) {
-    auto* x = r.add_categories();
-    x->set_category(c);
-    x->set_device_ms(ms);
-  }
-  r.set_trace_bytes(static_cast<int64_t>(p.trace_bytes));
-  r.set_kernel_set(kernel_set);
-  return r;
-}
-
-std::string ProfileTable(const ftd::v1::ProfileReport& p, int top) {
-  const char* what = p.device() == "cpu" ? "self CPU" : "self device";
-  std::string out = absl::StrFormat(
-      "profile: %d step(s), %.1f ms wall and %.1f ms %s time per step, kernel set %s\n\n", p.steps(),
-      p.step_wall_ms(), p.step_device_ms(), p.device() == "cpu" ? "CPU" : "device", p.kernel_set());
-  absl::StrAppendFormat(&out, "%-52s %-9s %-13s %12s %7s %8s %10s\n", "op", "phase", "category",
-                        absl::StrCat(what, " ms"), "share", "calls", "host ms");
-  int n = 0;
-  for (const auto& o : p.ops()) {
-    if (top > 0 && n++ >= top) break;
-    std::string name = o.name().size() > 52 ? o.name().substr(0, 49) + "..." : o.name();
-    absl::StrAppendFormat(&out, "%-52s %-9s %-13s %12.3f %6.1f%% %8.1f %10.3f\n", name, o.phase(), o.category(),
-                          o.device_ms(), 100 * o.share(), o.calls(), o.host_ms());
-  }
-  absl::StrAppend(&out, "\nby category (ms per step):");
-  for (const auto& c : p.categories()) {
-    if (c.device_ms() > 0) absl::StrAppendFormat(&out, "  %s %.3f", c.category(), c.device_ms());
-  }
-  return out + "\n";
-}
-
-ftd::v1::RunResult ToRunResult(const engine::RunSummary& s) {
-  ftd::v1::RunResult r;
-  switch (s.outcome) {
-    case engine::Outcome::kSucceeded: r.set_outcome(ftd::v1::RunResult::SUCCEEDED); break;
-    case engine::Outcome::kNonFinite: r.set_outcome(ftd::v1::RunResult::NON_FINITE); break;
-    case engine::Outcome::kOutOfMemory: r.set_outcome(ftd::v1::RunResult::OUT_OF_MEMORY); break;
-    case engine::Outcome::kInvalidSpec: r.set_outcome(ftd::v1::RunResult::INVALID_SPEC); break;
-    case engine::Outcome::kFailed: r.set_outcome(ftd::v1::RunResult::FAILED); break;
-    case engine::Outcome::kCancelled: r.set_outcome(ftd::v1::RunResult::CANCELLED); break;
-  }
-  r.set_message(s.message);
-  r.set_steps_done(s.steps_done);
-  r.set_final_loss(s.final_loss);
-  r.set_last_checkpoint(s.last_checkpoint);
-  return r;
-}
-
 ftd::v1::TrainSpec DefaultTrainSpec(bool gpu) {
   ftd::v1::TrainSpec s;
   if (gpu) {
@@ -213,4 +123,4 @@ ftd::v1::TrainSpec DefaultTrainSpec(bool gpu) {
   return s;
 }
 
-}  // namespace ftd::worker
+}  // namespace ftd::spec

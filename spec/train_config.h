@@ -11,7 +11,7 @@
 
 #include "absl/status/status.h"
 
-namespace ftd::engine {
+namespace ftd::spec {
 
 struct ModelSource {
   std::string preset;        // "llama-3.1-8b", "tiny", or empty
@@ -100,4 +100,4 @@ struct TrainConfig {
 double LearningRate(const OptimizerConfig& opt, const ScheduleConfig& sched, int64_t step,
                     int64_t total_steps);
 
-}  // namespace ftd::engine
+}  // namespace ftd::spec
