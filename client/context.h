@@ -5,6 +5,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
@@ -20,7 +21,8 @@ inline constexpr int kExitCallFailed = 3;
 inline constexpr int kExitUsage = 64;
 inline constexpr int kExitInterrupted = 130;
 
-// Prints "ftctl: CODE: message" on stderr; returns kExitCallFailed.
+// Prints "ftctl: CODE: message" on stderr; returns kExitCallFailed (kExitInterrupted, saying so,
+// after Ctrl-C).
 int Fail(const absl::Status& st);
 // Prints "ftctl: message" on stderr; returns kExitUsage.
 int Usage(const std::string& msg);
@@ -31,6 +33,14 @@ struct GlobalFlags {
   double timeout_s = 0;  // 0: the config file's, else 30
 };
 
+// ftd's default port: an address without one gets it.
+inline constexpr int kDefaultPort = 7070;
+
+// A gRPC target from what a user typed: "localhost" -> "localhost:7070", "[::1]" and "::1" ->
+// "[::1]:7070", "host:port" as it is; "unix:/path", "unix-abstract:..." and URIs ("dns:///h:p") pass
+// through. INVALID_ARGUMENT for an empty address or a port that is not a number in 1..65535.
+absl::StatusOr<std::string> NormalizeAddress(const std::string& addr);
+
 // The config file's path: $FTCTL_CONFIG, else $XDG_CONFIG_HOME/ftd/ftctl.json, else
 // ~/.config/ftd/ftctl.json ("" when none can be named).
 std::string ConfigPath();
@@ -39,17 +49,32 @@ std::string ConfigPath();
 // precedence. A config file that exists but does not parse is INVALID_ARGUMENT naming it.
 absl::StatusOr<ClientOptions> ResolveOptions(const GlobalFlags& flags);
 
-// What a command runs with: the resolved options and the client, made on first use (commands that
-// fail on their arguments never connect).
+// What a command runs with: the resolved options and the client (which connects on its first call).
 class Context {
  public:
-  explicit Context(ClientOptions opts) : opts_(std::move(opts)) {}
-  const ClientOptions& options() const { return opts_; }
-  JobClient& client();
+  explicit Context(ClientOptions opts) : client_(std::move(opts)) {}
+  const ClientOptions& options() const { return client_.options(); }
+  JobClient& client() { return client_; }
 
  private:
-  ClientOptions opts_;
-  std::unique_ptr<JobClient> client_;
+  JobClient client_;
+};
+
+// Ctrl-C (SIGINT) and SIGTERM: BlockInterruptSignals() first thing in main (before gRPC starts any
+// thread), then an InterruptHandler takes them in a thread of its own and interrupts the call in
+// flight. Interrupted() says whether that happened; Fail() then exits with kExitInterrupted.
+void BlockInterruptSignals();
+bool Interrupted();
+class InterruptHandler {
+ public:
+  explicit InterruptHandler(JobClient* client);
+  ~InterruptHandler();
+  InterruptHandler(const InterruptHandler&) = delete;
+  InterruptHandler& operator=(const InterruptHandler&) = delete;
+
+ private:
+  JobClient* client_;
+  std::thread thread_;
 };
 
 // A command: its subcommand (with its flags bound to state the runner captures) and what runs it.

@@ -8,10 +8,6 @@
 
 namespace ftd::client {
 
-// Blocks SIGINT and SIGTERM (taken by the interrupt thread Follow starts). Call first in main,
-// before gRPC starts any thread.
-void BlockInterruptSignals();
-
 enum class FollowOutput { kNone, kText, kJson };
 
 // Follows `id` until its result; `output` says how each event is shown. Returns the exit code: the

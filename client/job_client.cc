@@ -1,11 +1,16 @@
 #include "client/job_client.h"
 
 #include <algorithm>
+#include <optional>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace ftd::client {
+
+using Clock = std::chrono::system_clock;
 
 absl::Status FromGrpc(const grpc::Status& s) {
   if (s.ok()) return absl::OkStatus();
@@ -17,42 +22,109 @@ namespace {
 bool Retryable(const grpc::Status& s) { return s.error_code() == grpc::StatusCode::UNAVAILABLE; }
 
 std::chrono::milliseconds Backoff(int attempt) {
-  return std::chrono::milliseconds(std::min(2000, 100 << std::min(attempt, 5)));
+  return std::chrono::milliseconds(std::min(1000, 50 << std::min(attempt, 5)));
+}
+
+std::string Seconds(std::chrono::milliseconds d) { return absl::StrFormat("%.3g s", d.count() / 1000.0); }
+
+// gRPC's reason for a failed connection, in a few words.
+std::string ConnectFailure(const grpc::Status& probe, std::chrono::milliseconds waited) {
+  const std::string& m = probe.error_message();
+  if (absl::StrContains(m, "Connection refused")) return "connection refused (nothing listens there)";
+  if (absl::StrContains(m, "No such file or directory")) return "no such socket";
+  if (absl::StrContains(m, "Permission denied")) return "permission denied";
+  if (absl::StrContains(m, "DNS resolution failed") || absl::StrContains(m, "not known") ||
+      absl::StrContains(m, "Name or service")) {
+    return "the host name does not resolve";
+  }
+  return absl::StrCat("no answer within ", Seconds(waited));
 }
 
 }  // namespace
 
 JobClient::JobClient(ClientOptions opts) : opts_(std::move(opts)) {
+  opts_.connect_timeout = std::min(opts_.connect_timeout, opts_.timeout);
   grpc::ChannelArguments args;
   // Reconnect quickly after a daemon restart instead of gRPC's default of up to two minutes.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
   args.SetMaxReceiveMessageSize(64 << 20);
   channel_ = grpc::CreateCustomChannel(opts_.address, grpc::InsecureChannelCredentials(), args);
   stub_ = ftd::v1::JobService::NewStub(channel_);
 }
 
+bool JobClient::WaitConnected(Clock::time_point deadline) {
+  // In slices, so that an interrupt ends the wait.
+  while (!interrupted_) {
+    const auto slice = std::min(deadline, Clock::now() + std::chrono::milliseconds(100));
+    if (channel_->WaitForConnected(slice)) return true;
+    if (slice >= deadline) return false;
+  }
+  return false;
+}
+
+absl::Status JobClient::Unreachable(const std::string& why) const {
+  return absl::UnavailableError(absl::StrCat(
+      "cannot reach ftd at ", opts_.address, " (", opts_.address_source, "): ", why,
+      ". Check that ftd runs there, or give its address with --addr HOST:PORT or $FTD_ADDR; to start one: ftd --listen ",
+      opts_.address, " &  (or scripts/run.sh)"));
+}
+
+absl::Status JobClient::EnsureContact() {
+  if (contacted_) return absl::OkStatus();
+  const auto start = Clock::now();
+  if (WaitConnected(start + opts_.connect_timeout)) {
+    contacted_ = true;
+    return absl::OkStatus();
+  }
+  if (interrupted_) return absl::CancelledError("interrupted");
+  // One quick call that does not wait for the connection asks gRPC why it failed.
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Clock::now() + std::chrono::milliseconds(100));
+  ftd::v1::GetJobRequest req;
+  ftd::v1::Job job;
+  const grpc::Status probe = stub_->GetJob(&ctx, req, &job);
+  if (probe.error_code() != grpc::StatusCode::UNAVAILABLE &&
+      probe.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+    contacted_ = true;  // it answered after all (INVALID_ARGUMENT for the empty id)
+    return absl::OkStatus();
+  }
+  return Unreachable(ConnectFailure(probe, opts_.connect_timeout));
+}
+
 template <typename Resp, typename Call>
 absl::StatusOr<Resp> JobClient::Unary(Call&& call) {
-  const auto deadline = std::chrono::system_clock::now() + opts_.timeout;
+  const auto deadline = Clock::now() + opts_.timeout;
+  if (auto st = EnsureContact(); !st.ok()) return st;
   grpc::Status last;
   for (int attempt = 0;; ++attempt) {
     grpc::ClientContext ctx;
     ctx.set_deadline(deadline);
+    // Contact was made: a connection lost since (a daemon restart) is waited for, up to the deadline.
+    ctx.set_wait_for_ready(true);
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (interrupted_) return absl::CancelledError("interrupted");
+      active_ = &ctx;
+    }
     Resp resp;
     last = call(&ctx, &resp);
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      active_ = nullptr;
+      if (interrupted_) return absl::CancelledError("interrupted");
+    }
     if (last.ok()) return resp;
     if (!Retryable(last)) break;
-    const auto wake = std::chrono::system_clock::now() + Backoff(attempt);
+    const auto wake = Clock::now() + Backoff(attempt);
     if (wake >= deadline) break;
     std::this_thread::sleep_until(wake);
   }
   if (last.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED || last.error_code() == grpc::StatusCode::UNAVAILABLE) {
     return absl::Status(static_cast<absl::StatusCode>(static_cast<int>(last.error_code())),
-                        absl::StrCat("no answer from ftd at ", opts_.address, " within ", opts_.timeout.count() / 1000.0,
-                                     " s (", last.error_message(),
-                                     "); is ftd running there? (--addr, FTD_ADDR or the config file set the address)"));
+                        absl::StrCat("no answer from ftd at ", opts_.address, " within ", Seconds(opts_.timeout), " (",
+                                     last.error_message(), "); is it still running? (--timeout sets the limit)"));
   }
   return FromGrpc(last);
 }
@@ -80,9 +152,15 @@ absl::StatusOr<ftd::v1::Job> JobClient::Cancel(const std::string& id) {
 }
 
 absl::Status JobClient::DownloadTrace(const std::string& id, std::ostream& out, int64_t* bytes) {
+  if (auto st = EnsureContact(); !st.ok()) return st;
   grpc::ClientContext ctx;
   // Big traces take a while; the deadline covers the whole transfer, generously.
-  ctx.set_deadline(std::chrono::system_clock::now() + std::max(opts_.timeout, std::chrono::milliseconds(600000)));
+  ctx.set_deadline(Clock::now() + std::max(opts_.timeout, std::chrono::milliseconds(600000)));
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (interrupted_) return absl::CancelledError("interrupted");
+    active_ = &ctx;
+  }
   ftd::v1::GetTraceRequest req;
   req.set_id(id);
   auto reader = stub_->GetTrace(&ctx, req);
@@ -94,7 +172,13 @@ absl::Status JobClient::DownloadTrace(const std::string& id, std::ostream& out, 
     *bytes += static_cast<int64_t>(chunk.data().size());
     total = chunk.total_bytes();
   }
-  if (auto st = FromGrpc(reader->Finish()); !st.ok()) return st;
+  const grpc::Status st = reader->Finish();
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    active_ = nullptr;
+    if (interrupted_) return absl::CancelledError("interrupted");
+  }
+  if (!st.ok()) return FromGrpc(st);
   if (!out) return absl::DataLossError("could not write the trace file");
   if (total >= 0 && total != *bytes) {
     return absl::DataLossError(absl::StrCat("the trace arrived incomplete (", *bytes, " of ", total, " bytes)"));
@@ -110,17 +194,30 @@ void JobClient::Interrupt() {
 
 absl::Status JobClient::Watch(const std::string& id, int64_t after_seq,
                               const std::function<void(const ftd::v1::JobEvent&)>& on_event,
-                              const std::function<void(const std::string&)>& on_reconnect) {
-  auto last_contact = std::chrono::steady_clock::now();
+                              const std::function<void(ConnectionEvent, const std::string&)>& on_connection) {
+  if (auto st = EnsureContact(); !st.ok()) return st;
+  std::optional<Clock::time_point> lost_since;  // set while the connection is lost
+  std::string lost_why;
   for (int attempt = 0;; ++attempt) {
+    if (lost_since) {
+      // Reconnect first: the stream below then starts on a live connection, and a quiet job (no
+      // event for a long time) is not mistaken for an unreachable daemon.
+      if (!WaitConnected(*lost_since + opts_.timeout)) {
+        if (interrupted_) return absl::CancelledError("interrupted");
+        return absl::UnavailableError(absl::StrCat("lost ftd at ", opts_.address, " for more than ", Seconds(opts_.timeout),
+                                                   " (", lost_why, "); the job goes on: watch it again with ftctl watch ",
+                                                   id, " (--timeout sets how long to wait for ftd)"));
+      }
+      lost_since.reset();
+      if (on_connection) on_connection(ConnectionEvent::kRestored, "");
+    }
     grpc::ClientContext ctx;
-    // Waiting for the channel to be ready makes a watch started while ftd restarts wait for it
-    // (bounded below) instead of failing at once.
     ctx.set_wait_for_ready(true);
-    ctx.set_deadline(std::chrono::system_clock::now() + opts_.reconnect_timeout);
+    // A long-lived stream, reopened now and then so that a connection that died silently is noticed.
+    ctx.set_deadline(Clock::now() + opts_.stream_renewal);
     {
       std::lock_guard<std::mutex> l(mu_);
-      if (interrupted_) return absl::CancelledError("watch interrupted");
+      if (interrupted_) return absl::CancelledError("interrupted");
       active_ = &ctx;
     }
     ftd::v1::WatchJobRequest req;
@@ -130,7 +227,6 @@ absl::Status JobClient::Watch(const std::string& id, int64_t after_seq,
     ftd::v1::JobEvent ev;
     bool got_result = false;
     while (reader->Read(&ev)) {
-      last_contact = std::chrono::steady_clock::now();
       attempt = 0;
       after_seq = ev.seq();
       got_result |= ev.has_result();
@@ -140,23 +236,17 @@ absl::Status JobClient::Watch(const std::string& id, int64_t after_seq,
     {
       std::lock_guard<std::mutex> l(mu_);
       active_ = nullptr;
-      if (interrupted_) return absl::CancelledError("watch interrupted");
+      if (interrupted_) return absl::CancelledError("interrupted");
     }
-    if (st.ok()) {
-      if (got_result) return absl::OkStatus();
-      // The stream ended without the result (should not happen): resume after the last event.
-    } else if (st.error_code() != grpc::StatusCode::UNAVAILABLE &&
-               st.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED &&
-               st.error_code() != grpc::StatusCode::CANCELLED && st.error_code() != grpc::StatusCode::INTERNAL &&
-               st.error_code() != grpc::StatusCode::UNKNOWN) {
+    if (st.ok() && got_result) return absl::OkStatus();
+    if (st.ok() || st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) continue;  // renewal: resume after the last event
+    if (st.error_code() != grpc::StatusCode::UNAVAILABLE && st.error_code() != grpc::StatusCode::CANCELLED &&
+        st.error_code() != grpc::StatusCode::INTERNAL && st.error_code() != grpc::StatusCode::UNKNOWN) {
       return FromGrpc(st);  // NOT_FOUND, INVALID_ARGUMENT, ...: retrying cannot help
     }
-    if (std::chrono::steady_clock::now() - last_contact > opts_.reconnect_timeout) {
-      return absl::UnavailableError(absl::StrCat("lost ftd at ", opts_.address, " for more than ",
-                                                 opts_.reconnect_timeout.count() / 1000, " s (", st.error_message(),
-                                                 "); the job goes on: watch it again with ftctl watch ", id));
-    }
-    if (on_reconnect) on_reconnect(st.ok() ? std::string("stream ended early") : st.error_message());
+    lost_since = Clock::now();
+    lost_why = st.error_message();
+    if (on_connection) on_connection(ConnectionEvent::kLost, lost_why);
     std::this_thread::sleep_for(Backoff(attempt));
   }
 }

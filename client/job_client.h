@@ -1,7 +1,11 @@
-// ftctl's connection to ftd: every call has a deadline; calls that are safe to repeat are retried
-// while ftd is unreachable (UNAVAILABLE) until that deadline; WatchJob reconnects and resumes after
-// the last event it delivered, so a watcher misses and repeats nothing across a dropped connection or
-// a daemon restart. No CLI or printing here.
+// ftctl's connection to ftd. No CLI or printing here.
+//
+// Every call is bounded by ClientOptions::timeout. Before the first contact with ftd, connecting is
+// bounded by connect_timeout (about 2 s): with no daemon at the address a call fails at once with one
+// line naming the address, what to check and how to start ftd. Once contact was made, calls ride
+// through a lost connection (a daemon restart): unary calls, all safe to repeat (SubmitJob through its
+// request id), are retried with backoff until their deadline, and WatchJob reconnects for up to
+// `timeout` and resumes after the last event it delivered, so a watcher misses and repeats nothing.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -20,16 +24,21 @@
 namespace ftd::client {
 
 struct ClientOptions {
-  std::string address = "127.0.0.1:7070";
-  std::chrono::milliseconds timeout{30000};            // per call, retries included
-  std::chrono::milliseconds reconnect_timeout{300000};  // watch: give up after this long unreachable
+  std::string address = "127.0.0.1:7070";  // a gRPC target: host:port, [v6]:port, unix:/path
+  // Where the address came from ("--addr", "$FTD_ADDR", "the config file X", "the default"), for messages.
+  std::string address_source = "the default";
+  std::chrono::milliseconds timeout{30000};          // per unary call, retries included; watch: per reconnection
+  std::chrono::milliseconds connect_timeout{2000};   // the first contact (at most `timeout`)
+  std::chrono::milliseconds stream_renewal{300000};  // a quiet watch stream is reopened this often
 };
+
+// How a watch's connection goes, for the caller to tell the user.
+enum class ConnectionEvent { kLost, kRestored };
 
 class JobClient {
  public:
   explicit JobClient(ClientOptions opts);
 
-  // SubmitJob is idempotent through request_id (the caller always sets one), so it is retried too.
   absl::StatusOr<ftd::v1::SubmitJobResponse> Submit(const ftd::v1::SubmitJobRequest& req);
   absl::StatusOr<ftd::v1::Job> Get(const std::string& id);
   absl::StatusOr<ftd::v1::ListJobsResponse> List(const ftd::v1::ListJobsRequest& req);
@@ -37,25 +46,34 @@ class JobClient {
 
   // Streams the job's events after `after_seq` to `on_event` until the final result has been
   // delivered (returns OK), the job does not exist (NOT_FOUND), the watch is interrupted (CANCELLED)
-  // or ftd stays unreachable for reconnect_timeout. `on_reconnect` is told about each lost connection.
+  // or ftd stays unreachable for `timeout` (UNAVAILABLE). `on_connection` hears of each lost and
+  // restored connection (`why`: gRPC's reason for a loss).
   absl::Status Watch(const std::string& id, int64_t after_seq,
                      const std::function<void(const ftd::v1::JobEvent&)>& on_event,
-                     const std::function<void(const std::string&)>& on_reconnect);
+                     const std::function<void(ConnectionEvent, const std::string& why)>& on_connection);
   // Writes a PROFILE job's Chrome trace to `out` as it streams in; *bytes is what was written.
   absl::Status DownloadTrace(const std::string& id, std::ostream& out, int64_t* bytes);
 
-  // Ends a Watch in progress from another thread (e.g. on Ctrl-C).
+  // Ends a call in progress (a watch, a wait for ftd) from another thread, e.g. on Ctrl-C.
   void Interrupt();
 
+  const ClientOptions& options() const { return opts_; }
+
  private:
+  // OK once ftd was reached (at most connect_timeout on the first call); UNAVAILABLE saying how to fix it.
+  absl::Status EnsureContact();
+  // Waits for the channel to be connected until `deadline` (false: not connected, or interrupted).
+  bool WaitConnected(std::chrono::system_clock::time_point deadline);
+  absl::Status Unreachable(const std::string& why) const;
   template <typename Resp, typename Call>
   absl::StatusOr<Resp> Unary(Call&& call);
 
   ClientOptions opts_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<ftd::v1::JobService::Stub> stub_;
+  bool contacted_ = false;
   std::mutex mu_;
-  grpc::ClientContext* active_ = nullptr;  // the watch stream in flight
+  grpc::ClientContext* active_ = nullptr;  // the call in flight that Interrupt cancels
   std::atomic<bool> interrupted_{false};
 };
 

@@ -5,7 +5,6 @@
 #include "CLI/CLI.hpp"
 #include "client/commands.h"
 #include "client/context.h"
-#include "client/follow.h"
 
 int main(int argc, char** argv) {
   using namespace ftd::client;
@@ -34,6 +33,7 @@ int main(int argc, char** argv) {
   auto opts = ResolveOptions(flags);
   if (!opts.ok()) return Usage(std::string(opts.status().message()));
   Context ctx(*opts);
+  InterruptHandler interrupts(&ctx.client());
   for (const auto& c : commands) {
     if (c.app->parsed()) return c.run(ctx);
   }

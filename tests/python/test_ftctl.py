@@ -1,10 +1,30 @@
 """ftctl as a daily tool, against real ftd daemons on loopback (or none at all): fast and clear
 failures without a daemon, addresses, specs from stdin and YAML, relative paths, output formats, list
 options, several ids to cancel. Every wait is bounded."""
+import json
+import os
+import random
+import signal
+import socket
 import subprocess
+import threading
 import time
 
-from ftdservice import FTD, Daemon, free_port, stop_process
+import pytest
+
+from ftdservice import FTCTL, FTD, TINY, Daemon, free_port, ftctl, stop_process, submit, wait_for
+
+
+class DaemonAt(Daemon):
+    """A Daemon listening on a given address (a host name, a unix socket)."""
+
+    def __init__(self, tmp, listen, *flags):
+        self._listen = listen
+        super().__init__(tmp, *flags)
+
+    def start(self, wait=True):
+        self.addr = self._listen
+        super().start(wait)
 
 
 def test_ftd_refuses_a_port_in_use_at_once(tmp_path, daemon):
@@ -22,3 +42,145 @@ def test_ftd_refuses_a_port_in_use_at_once(tmp_path, daemon):
     assert p.returncode != 0
     assert f"cannot listen on --listen {daemon.addr}" in err and "in use" in err, err
     assert time.monotonic() - t0 < 5
+
+
+COMMANDS = [["list"], ["get", "j-000001"], ["watch", "j-000001"], ["wait", "j-000001"], ["cancel", "j-000001"],
+            ["submit", "--default"], ["profile", "j-000001"], ["compare", "j-000001", "j-000002"]]
+
+
+def _timed(*args, timeout=60, **kw):
+    t0 = time.monotonic()
+    p = subprocess.run([str(FTCTL), *args], capture_output=True, text=True, timeout=timeout, **kw)
+    return p, time.monotonic() - t0
+
+
+@pytest.mark.parametrize("cmd", COMMANDS, ids=lambda c: c[0])
+def test_no_daemon_answers_within_3s_with_one_clear_line(cmd):
+    addr = f"127.0.0.1:{free_port()}"  # nothing listens there
+    p, took = _timed("--addr", addr, *cmd)
+    assert p.returncode == 3, (p.returncode, p.stderr)
+    assert took < 3, f"{cmd[0]} took {took:.1f}s"
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, p.stderr
+    assert f"cannot reach ftd at {addr}" in lines[0] and "connection refused" in lines[0], lines[0]
+    assert "--addr" in lines[0] and f"ftd --listen {addr}" in lines[0], lines[0]  # what to check, how to start it
+    assert p.stdout == ""
+
+
+@pytest.mark.parametrize("cmd", [["list"], ["watch", "j-000001"], ["wait", "j-000001"]], ids=lambda c: c[0])
+def test_timeout_bounds_every_call(cmd):
+    p, took = _timed("--addr", f"127.0.0.1:{free_port()}", "--timeout", "0.5", *cmd)
+    assert p.returncode == 3 and took < 1.5, (took, p.stderr)
+
+
+def test_address_sources_are_named_and_a_bad_one_is_refused(tmp_path):
+    env = dict(os.environ, FTD_ADDR=f"127.0.0.1:{free_port()}", FTCTL_CONFIG=str(tmp_path / "none.json"))
+    p, _ = _timed("list", env=env)
+    assert p.returncode == 3 and "(from $FTD_ADDR)" in p.stderr, p.stderr
+    p, _ = _timed("--addr", "gpu-box:http", "list", env=env)
+    assert p.returncode == 64 and "no valid port" in p.stderr and "from --addr" in p.stderr, p.stderr
+
+
+def test_host_without_port_gets_ftds_default_port(tmp_path):
+    # `localhost` and `[::1]` mean ftd's port 7070 (gRPC would pick 443); skip if 7070 is taken here.
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", 7070))
+        except OSError:
+            pytest.skip("port 7070 is in use on this machine")
+    d = DaemonAt(tmp_path, "localhost:7070")
+    try:
+        for addr in ("localhost", "127.0.0.1"):
+            p = ftctl(addr, "list")
+            assert p.returncode == 0 and p.stdout.startswith("ID"), (addr, p.stderr)
+    finally:
+        d.stop()
+
+
+def test_unix_socket_address_passes_through(tmp_path):
+    sock = tmp_path / "ftd.sock"
+    d = DaemonAt(tmp_path, f"unix:{sock}")
+    try:
+        p = ftctl(f"unix:{sock}", "list")
+        assert p.returncode == 0, p.stderr
+    finally:
+        d.stop()
+
+
+def test_calls_ride_through_daemon_restarts_under_1s(tmp_path):
+    """SIGKILL the daemon while clients submit and wait, and start it again at once: every submit
+    succeeds (none gives up), each request id names one job, and a running wait rides through."""
+    d = Daemon(tmp_path, "--paused")
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(dict(TINY, steps=1)))
+    first = submit(d, dict(TINY, steps=1))
+    waiter = subprocess.Popen([str(FTCTL), "--addr", d.addr, "wait", first], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    results, stop = [], threading.Event()
+
+    def client(n):
+        i = 0
+        while not stop.is_set():
+            i += 1
+            rid = f"c{n}-{i}"
+            p = ftctl(d, "submit", str(spec), "--request-id", rid, timeout=60)
+            results.append((rid, p.returncode, p.stdout.strip(), p.stderr))
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(2)]
+    try:
+        for t in threads:
+            t.start()
+        rng = random.Random()
+        outages = []
+        for _ in range(15):
+            time.sleep(rng.uniform(0.1, 0.4))
+            t0 = time.monotonic()
+            d.kill(signal.SIGKILL)
+            d.start(wait=False)
+            d.wait_ready()
+            outages.append(time.monotonic() - t0)
+        stop.set()
+        for t in threads:
+            t.join(timeout=120)
+        failed = [r for r in results if r[1] != 0]
+        assert not failed, failed[:3]
+        assert len(results) >= 15
+        assert max(outages) < 1.5, outages
+        # the waiter is still waiting for the paused job; cancelling ends it with the job's outcome
+        assert waiter.poll() is None, waiter.communicate()
+        assert ftctl(d, "cancel", first).returncode == 0
+        out, err = waiter.communicate(timeout=30)
+        assert waiter.returncode == 2, err
+        jobs = json.loads(ftctl(d, "list", "-o", "json").stdout)
+        by_rid = {}
+        for j in jobs:
+            by_rid.setdefault(j["request_id"], []).append(j["id"])
+        for rid, _, job, _ in results:
+            assert by_rid.get(rid) == [job], rid
+    finally:
+        stop.set()
+        if waiter.poll() is None:
+            waiter.kill()
+        d.stop()
+
+
+def test_watch_gives_up_after_timeout_once_ftd_is_gone(tmp_path):
+    d = Daemon(tmp_path, "--paused")
+    job = submit(d, dict(TINY, steps=1))
+    watch = subprocess.Popen([str(FTCTL), "--addr", d.addr, "--timeout", "2", "watch", job],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: d.proc.poll() is None, 5, "daemon")
+        time.sleep(0.5)  # the watch has shown the QUEUED event
+        d.kill(signal.SIGKILL)
+        t0 = time.monotonic()
+        out, err = watch.communicate(timeout=30)
+        took = time.monotonic() - t0
+        assert watch.returncode == 3, err
+        assert 1.5 < took < 4, took
+        assert "reconnecting for up to 2 s" in err and "lost ftd at" in err and "the job goes on" in err, err
+        assert "QUEUED" in out
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+        d.stop()

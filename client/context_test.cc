@@ -1,0 +1,100 @@
+#include "client/context.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace ftd::client {
+namespace {
+
+std::string Norm(const std::string& a) {
+  auto r = NormalizeAddress(a);
+  return r.ok() ? *r : "error: " + std::string(r.status().message());
+}
+
+TEST(Address, HostWithoutPortGetsFtdsDefaultPort) {
+  EXPECT_EQ(Norm("localhost"), "localhost:7070");
+  EXPECT_EQ(Norm("gpu-box.lan"), "gpu-box.lan:7070");
+  EXPECT_EQ(Norm("10.0.0.7"), "10.0.0.7:7070");
+  EXPECT_EQ(Norm("[::1]"), "[::1]:7070");
+  EXPECT_EQ(Norm("::1"), "[::1]:7070");
+  EXPECT_EQ(Norm("fe80::1:2"), "[fe80::1:2]:7070");
+}
+
+TEST(Address, PortsAndSchemesPassThrough) {
+  EXPECT_EQ(Norm("localhost:7171"), "localhost:7171");
+  EXPECT_EQ(Norm("[::1]:9000"), "[::1]:9000");
+  EXPECT_EQ(Norm("unix:/run/ftd/ftd.sock"), "unix:/run/ftd/ftd.sock");
+  EXPECT_EQ(Norm("unix-abstract:ftd"), "unix-abstract:ftd");
+  EXPECT_EQ(Norm("dns:///gpu-box:7070"), "dns:///gpu-box:7070");
+}
+
+TEST(Address, BadOnesAreRefusedWithAnExample) {
+  for (const char* a : {"", "host:", "host:http", "host:70000", "host:0", ":7070", "[::1", "[::1]x"}) {
+    auto r = NormalizeAddress(a);
+    ASSERT_FALSE(r.ok()) << a;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << a;
+    EXPECT_NE(r.status().message().find("e.g. localhost"), std::string::npos) << r.status().message();
+  }
+}
+
+class ResolveTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / ("ftctl-context-test-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir_);
+    setenv("FTCTL_CONFIG", (dir_ / "ftctl.json").c_str(), 1);
+    unsetenv("FTD_ADDR");
+  }
+  void TearDown() override {
+    unsetenv("FTCTL_CONFIG");
+    unsetenv("FTD_ADDR");
+    std::filesystem::remove_all(dir_);
+  }
+  void WriteConfig(const std::string& text) { std::ofstream(dir_ / "ftctl.json") << text; }
+  std::filesystem::path dir_;
+};
+
+TEST_F(ResolveTest, PrecedenceIsFlagThenEnvironmentThenConfigThenDefault) {
+  auto o = ResolveOptions({});
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->address, "127.0.0.1:7070");
+  EXPECT_EQ(o->address_source, "the default");
+  EXPECT_EQ(o->timeout.count(), 30000);
+
+  WriteConfig(R"({"addr": "box-a", "timeout_s": 5})");
+  o = ResolveOptions({});
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->address, "box-a:7070");
+  EXPECT_NE(o->address_source.find("ftctl.json"), std::string::npos);
+  EXPECT_EQ(o->timeout.count(), 5000);
+
+  setenv("FTD_ADDR", "[::1]", 1);
+  o = ResolveOptions({});
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->address, "[::1]:7070");
+  EXPECT_EQ(o->address_source, "from $FTD_ADDR");
+
+  o = ResolveOptions({.addr = "localhost", .timeout_s = 1.5});
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->address, "localhost:7070");
+  EXPECT_EQ(o->address_source, "from --addr");
+  EXPECT_EQ(o->timeout.count(), 1500);
+}
+
+TEST_F(ResolveTest, BadConfigOrAddressNamesTheSource) {
+  WriteConfig(R"({"adr": "x"})");
+  auto o = ResolveOptions({});
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("\"adr\""), std::string::npos) << o.status().message();
+  WriteConfig("{}");
+  setenv("FTD_ADDR", "box:port", 1);
+  o = ResolveOptions({});
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("$FTD_ADDR"), std::string::npos) << o.status().message();
+}
+
+}  // namespace
+}  // namespace ftd::client
