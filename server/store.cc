@@ -137,11 +137,11 @@ std::string DirOf(const std::string& path) {
 
 }  // namespace
 
-absl::Status Store::Error(const char* what) const {
-  const int code = sqlite3_extended_errcode(db_);
+absl::Status Store::Error(sqlite3* db, const char* what) const {
+  const int code = sqlite3_extended_errcode(db);
   const int primary = code & 0xff;
-  const int sys = sqlite3_system_errno(db_);
-  std::string msg = absl::StrCat("database ", path_, ": ", what, ": ", sqlite3_errmsg(db_));
+  const int sys = sqlite3_system_errno(db);
+  std::string msg = absl::StrCat("database ", path_, ": ", what, ": ", sqlite3_errmsg(db));
   if (primary == SQLITE_NOTADB || primary == SQLITE_CORRUPT) {
     return absl::DataLossError(absl::StrCat(msg, " (the file is corrupt or not an ftd database: restore it from a "
                                                  "backup or move it away to start empty)"));
@@ -152,7 +152,7 @@ absl::Status Store::Error(const char* what) const {
     if (sys == EDQUOT) absl::StrAppend(&detail, detail.empty() ? "" : ", ", "disk quota exceeded");
     return absl::ResourceExhaustedError(absl::StrCat(
         "the disk is full: no space left for ftd's data directory ", dir, detail.empty() ? "" : " (" + detail + ")",
-        "; nothing of this write was kept (", what, ": ", sqlite3_errmsg(db_),
+        "; nothing of this write was kept (", what, ": ", sqlite3_errmsg(db),
         "). Free space on that disk, or move the data directory to a larger one, then retry"));
   }
   if (primary == SQLITE_BUSY) return absl::UnavailableError(msg);
@@ -192,11 +192,41 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path) {
     }
   }
   if (auto st = s->Migrate(); !st.ok()) return st;
+  for (int i = 0; i < kReadConnections; ++i) {
+    sqlite3* r = nullptr;
+    const int rc = sqlite3_open_v2(path.c_str(), &r, SQLITE_OPEN_READWRITE | SQLITE_OPEN_FULLMUTEX, nullptr);
+    if (r != nullptr) s->readers_.push_back(r);
+    if (rc != SQLITE_OK) return s->Error(r, "open a read connection");
+    sqlite3_busy_timeout(r, 5000);
+    if (sqlite3_exec(r, "PRAGMA query_only=ON", nullptr, nullptr, nullptr) != SQLITE_OK) {
+      return s->Error(r, "open a read connection");
+    }
+  }
+  s->idle_ = s->readers_;
   return s;
 }
 
 Store::~Store() {
+  for (sqlite3* r : readers_) sqlite3_close(r);
   if (db_ != nullptr) sqlite3_close(db_);
+}
+
+Store::ReadTxn::ReadTxn(Store* s) : s_(s) {
+  std::unique_lock<std::mutex> l(s->pool_mu_);
+  s->pool_cv_.wait(l, [&] { return !s->idle_.empty(); });
+  db_ = s->idle_.back();
+  s->idle_.pop_back();
+  l.unlock();
+  sqlite3_exec(db_, "BEGIN", nullptr, nullptr, nullptr);  // the snapshot starts at the first read
+}
+
+Store::ReadTxn::~ReadTxn() {
+  sqlite3_exec(db_, "COMMIT", nullptr, nullptr, nullptr);
+  {
+    std::lock_guard<std::mutex> l(s_->pool_mu_);
+    s_->idle_.push_back(db_);
+  }
+  s_->pool_cv_.notify_one();
 }
 
 absl::Status Store::Migrate() {
@@ -250,12 +280,12 @@ absl::Status Store::Migrate() {
   return Commit();
 }
 
-absl::StatusOr<std::optional<ftd::v1::Job>> Store::LoadLocked(const std::string& id, int64_t* seq) {
-  Stmt q(db_, "SELECT seq, job FROM jobs WHERE id = ?");
+absl::StatusOr<std::optional<ftd::v1::Job>> Store::LoadLocked(sqlite3* db, const std::string& id, int64_t* seq) {
+  Stmt q(db, "SELECT seq, job FROM jobs WHERE id = ?");
   q.Bind(1, id);
   const int rc = q.Step();
   if (rc == SQLITE_DONE) return std::optional<ftd::v1::Job>();
-  if (rc != SQLITE_ROW) return Error("load job");
+  if (rc != SQLITE_ROW) return Error(db, "load job");
   ftd::v1::Job job;
   if (!job.ParseFromString(q.Blob(1))) return absl::DataLossError(absl::StrCat("job ", id, " record is corrupt"));
   if (seq != nullptr) *seq = q.Int(0);
@@ -295,7 +325,7 @@ absl::StatusOr<std::pair<ftd::v1::Job, bool>> Store::Insert(ftd::v1::Job job, in
     q.Bind(1, job.request_id());
     const int rc = q.Step();
     if (rc == SQLITE_ROW) {
-      auto existing = LoadLocked(q.Text(0), nullptr);
+      auto existing = LoadLocked(db_, q.Text(0), nullptr);
       Rollback();
       if (!existing.ok()) return existing.status();
       return std::make_pair(**existing, false);
@@ -342,8 +372,8 @@ absl::StatusOr<std::pair<ftd::v1::Job, bool>> Store::Insert(ftd::v1::Job job, in
 }
 
 absl::StatusOr<ftd::v1::Job> Store::Get(const std::string& id) {
-  std::lock_guard<std::mutex> l(mu_);
-  auto j = LoadLocked(id, nullptr);
+  ReadTxn r(this);
+  auto j = LoadLocked(r.db(), id, nullptr);
   if (!j.ok()) return j.status();
   if (!j->has_value()) return absl::NotFoundError(absl::StrCat("job ", id, " does not exist (ftctl list shows the jobs)"));
   return **j;
@@ -401,12 +431,12 @@ absl::StatusOr<std::vector<ftd::v1::Job>> Store::List(const JobFilter& f, int64_
   const ListStatements sql = ListSql(f);
   // Past the cursor in the chosen order; the first page of newest-first starts after the largest seq.
   const int64_t bound = f.newest_first && f.after_seq <= 0 ? INT64_MAX : f.after_seq;
-  std::lock_guard<std::mutex> l(mu_);
+  ReadTxn txn(this);  // one snapshot for every run and the fetch
   std::vector<int64_t> seqs;
   const size_t runs = std::max<size_t>(sql.states.size(), 1);
   for (size_t r = 0; r < runs; ++r) {
-    Stmt q(db_, sql.page.c_str());
-    if (!q.ok()) return Error("prepare list");
+    Stmt q(txn.db(), sql.page.c_str());
+    if (!q.ok()) return Error(txn.db(), "prepare list");
     int b = 1;
     if (!sql.states.empty()) q.Bind(b++, sql.states[r]);
     if (!f.owner.empty()) q.Bind(b++, f.owner);
@@ -415,7 +445,7 @@ absl::StatusOr<std::vector<ftd::v1::Job>> Store::List(const JobFilter& f, int64_
     q.Bind(b, int64_t{f.limit} + 1);
     int rc;
     while ((rc = q.Step()) == SQLITE_ROW) seqs.push_back(q.Int(0));
-    if (rc != SQLITE_DONE) return Error("list jobs");
+    if (rc != SQLITE_DONE) return Error(txn.db(), "list jobs");
   }
   if (f.newest_first) {
     std::sort(seqs.begin(), seqs.end(), std::greater<>());
@@ -428,11 +458,11 @@ absl::StatusOr<std::vector<ftd::v1::Job>> Store::List(const JobFilter& f, int64_
   }
   std::vector<ftd::v1::Job> out;
   out.reserve(seqs.size());
-  Stmt fetch(db_, kFetchSql);
+  Stmt fetch(txn.db(), kFetchSql);
   for (int64_t seq : seqs) {
     sqlite3_reset(fetch.raw());
     fetch.Bind(1, seq);
-    if (fetch.Step() != SQLITE_ROW) return Error("read listed job");
+    if (fetch.Step() != SQLITE_ROW) return Error(txn.db(), "read listed job");
     ftd::v1::Job job;
     if (!job.ParseFromString(fetch.Blob(0))) {
       return absl::DataLossError(absl::StrCat("database ", path_, ": the record of job seq ", seq, " is corrupt"));
@@ -442,21 +472,21 @@ absl::StatusOr<std::vector<ftd::v1::Job>> Store::List(const JobFilter& f, int64_
   return out;
 }
 
-absl::StatusOr<std::vector<std::string>> Store::PlanLocked(const std::string& sql) {
-  Stmt q(db_, ("EXPLAIN QUERY PLAN " + sql).c_str());
-  if (!q.ok()) return Error("explain");
+absl::StatusOr<std::vector<std::string>> Store::PlanLocked(sqlite3* db, const std::string& sql) {
+  Stmt q(db, ("EXPLAIN QUERY PLAN " + sql).c_str());
+  if (!q.ok()) return Error(db, "explain");
   std::vector<std::string> lines;
   int rc;
   while ((rc = q.Step()) == SQLITE_ROW) lines.push_back(q.Text(3));
-  if (rc != SQLITE_DONE) return Error("explain");
+  if (rc != SQLITE_DONE) return Error(db, "explain");
   return lines;
 }
 
 absl::StatusOr<std::vector<std::string>> Store::ListPlan(const JobFilter& f) {
-  std::lock_guard<std::mutex> l(mu_);
+  ReadTxn r(this);
   std::vector<std::string> lines;
   for (const std::string& sql : {ListSql(f).page, std::string(kFetchSql)}) {
-    auto p = PlanLocked(sql);
+    auto p = PlanLocked(r.db(), sql);
     if (!p.ok()) return p.status();
     lines.insert(lines.end(), p->begin(), p->end());
   }
@@ -464,8 +494,8 @@ absl::StatusOr<std::vector<std::string>> Store::ListPlan(const JobFilter& f) {
 }
 
 absl::StatusOr<std::vector<std::string>> Store::EventsPlan() {
-  std::lock_guard<std::mutex> l(mu_);
-  return PlanLocked(kEventsSql);
+  ReadTxn r(this);
+  return PlanLocked(r.db(), kEventsSql);
 }
 
 absl::StatusOr<ftd::v1::Job> Store::Update(
@@ -478,7 +508,7 @@ absl::StatusOr<ftd::v1::Job> Store::Update(
     return st;
   };
   int64_t seq = 0;
-  auto j = LoadLocked(id, &seq);
+  auto j = LoadLocked(db_, id, &seq);
   if (!j.ok()) return fail(j.status());
   if (!j->has_value()) return fail(absl::NotFoundError(absl::StrCat("job ", id, " does not exist")));
   ftd::v1::Job job = **j;
@@ -510,8 +540,8 @@ absl::StatusOr<std::vector<ftd::v1::JobEvent>> Store::Events(const std::string& 
     return absl::InvalidArgumentError(
         absl::StrCat("events are read 1 to ", kMaxEventsPerRead, " at a time (got ", limit, ")"));
   }
-  std::lock_guard<std::mutex> l(mu_);
-  Stmt q(db_, kEventsSql);
+  ReadTxn r(this);
+  Stmt q(r.db(), kEventsSql);
   q.Bind(1, id).Bind(2, after_seq).Bind(3, limit);
   std::vector<ftd::v1::JobEvent> out;
   int rc;
@@ -520,7 +550,7 @@ absl::StatusOr<std::vector<ftd::v1::JobEvent>> Store::Events(const std::string& 
     if (!e.ParseFromString(q.Blob(0))) return absl::DataLossError(absl::StrCat("an event of job ", id, " is corrupt"));
     out.push_back(std::move(e));
   }
-  if (rc != SQLITE_DONE) return Error("read events");
+  if (rc != SQLITE_DONE) return Error(r.db(), "read events");
   return out;
 }
 
@@ -532,7 +562,7 @@ absl::Status Store::Delete(const std::string& id) {
     return st;
   };
   int64_t seq = 0;
-  auto j = LoadLocked(id, &seq);
+  auto j = LoadLocked(db_, id, &seq);
   if (!j.ok()) return fail(j.status());
   if (!j->has_value()) return fail(absl::NotFoundError(absl::StrCat("job ", id, " does not exist")));
   if (!IsTerminal((*j)->state())) {
@@ -555,10 +585,10 @@ absl::Status Store::Delete(const std::string& id) {
 }
 
 absl::StatusOr<std::vector<ftd::v1::Job>> Store::JobsInStates(const std::vector<ftd::v1::JobState>& states) {
-  std::lock_guard<std::mutex> l(mu_);
+  ReadTxn r(this);
   std::vector<ftd::v1::Job> out;
   for (auto s : states) {
-    Stmt q(db_, "SELECT job FROM jobs WHERE state = ? ORDER BY priority DESC, seq");
+    Stmt q(r.db(), "SELECT job FROM jobs WHERE state = ? ORDER BY priority DESC, seq");
     q.Bind(1, s);
     int rc;
     while ((rc = q.Step()) == SQLITE_ROW) {
@@ -566,23 +596,23 @@ absl::StatusOr<std::vector<ftd::v1::Job>> Store::JobsInStates(const std::vector<
       if (!job.ParseFromString(q.Blob(0))) return absl::DataLossError("a job record is corrupt");
       out.push_back(std::move(job));
     }
-    if (rc != SQLITE_DONE) return Error("jobs by state");
+    if (rc != SQLITE_DONE) return Error(r.db(), "jobs by state");
   }
   return out;
 }
 
 absl::StatusOr<int64_t> Store::CountInState(ftd::v1::JobState state) {
-  std::lock_guard<std::mutex> l(mu_);
-  Stmt q(db_, "SELECT COUNT(*) FROM jobs WHERE state = ?");
+  ReadTxn r(this);
+  Stmt q(r.db(), "SELECT COUNT(*) FROM jobs WHERE state = ?");
   q.Bind(1, state);
-  if (q.Step() != SQLITE_ROW) return Error("count jobs");
+  if (q.Step() != SQLITE_ROW) return Error(r.db(), "count jobs");
   return q.Int(0);
 }
 
 absl::Status Store::IntegrityCheck() {
-  std::lock_guard<std::mutex> l(mu_);
-  Stmt q(db_, "PRAGMA integrity_check");
-  if (q.Step() != SQLITE_ROW) return Error("integrity_check");
+  ReadTxn r(this);
+  Stmt q(r.db(), "PRAGMA integrity_check");
+  if (q.Step() != SQLITE_ROW) return Error(r.db(), "integrity_check");
   if (q.Text(0) != "ok") return absl::DataLossError(q.Text(0));
   return absl::OkStatus();
 }

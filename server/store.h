@@ -14,6 +14,7 @@
 
 #include <sqlite3.h>
 
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -32,6 +33,8 @@ namespace ftd::server {
 inline constexpr int kSchemaVersion = 2;
 // The most events one Events() call returns.
 inline constexpr int kMaxEventsPerRead = 1000;
+// Read connections (reads run concurrently with each other and with the one writer).
+inline constexpr int kReadConnections = 4;
 
 struct JobFilter {
   std::vector<ftd::v1::JobState> states;  // empty: all
@@ -93,15 +96,37 @@ class Store {
   absl::Status Commit();
   void Rollback();
   absl::Status Migrate();
-  absl::StatusOr<std::optional<ftd::v1::Job>> LoadLocked(const std::string& id, int64_t* seq);
+  absl::StatusOr<std::optional<ftd::v1::Job>> LoadLocked(sqlite3* db, const std::string& id, int64_t* seq);
   absl::Status SaveLocked(int64_t seq, const ftd::v1::Job& job);
   absl::Status AppendLocked(int64_t job_seq, ftd::v1::JobEvent& e, int64_t now_ms);
-  absl::StatusOr<std::vector<std::string>> PlanLocked(const std::string& sql);
-  absl::Status Error(const char* what) const;
+  absl::StatusOr<std::vector<std::string>> PlanLocked(sqlite3* db, const std::string& sql);
+  absl::Status Error(sqlite3* db, const char* what) const;
+  absl::Status Error(const char* what) const { return Error(db_, what); }
 
+  // One connection of the read pool, held for the object's life and inside one read transaction:
+  // its queries see one snapshot, the last commit when it began.
+  class ReadTxn {
+   public:
+    explicit ReadTxn(Store* s);
+    ~ReadTxn();
+    ReadTxn(const ReadTxn&) = delete;
+    ReadTxn& operator=(const ReadTxn&) = delete;
+    sqlite3* db() const { return db_; }
+
+   private:
+    Store* s_;
+    sqlite3* db_;
+  };
+
+  // Writes go through db_, one at a time (mu_). Reads go through a pool of connections of their
+  // own: with WAL, a reader neither waits for a writer's commit (and its fsync) nor blocks it.
   std::mutex mu_;
   sqlite3* db_ = nullptr;
   std::string path_;
+  std::mutex pool_mu_;
+  std::condition_variable pool_cv_;
+  std::vector<sqlite3*> readers_;  // all of them
+  std::vector<sqlite3*> idle_;     // those not leased
 };
 
 bool IsTerminal(ftd::v1::JobState s);

@@ -1,6 +1,7 @@
 // Store: ids, request_id idempotence (also with a full queue), the queue limit under concurrent
-// inserts, listing (every filter, both orders, keyset pages, index-only plans), events, deletion,
-// the v1 -> v2 upgrade, schema-version and corruption checks, and a full disk. Real SQLite files.
+// inserts, reads beside a write in progress, listing (every filter, both orders, keyset pages,
+// index-only plans), events, deletion, the v1 -> v2 upgrade, schema-version and corruption checks,
+// and a full disk. Real SQLite files.
 #include "server/store.h"
 
 #include <fcntl.h>
@@ -16,6 +17,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
 #include <thread>
 
@@ -161,6 +163,43 @@ TEST(Store, TheQueueLimitHoldsUnderConcurrentInserts) {
       EXPECT_EQ(*n, kLimit);
     }
   }
+}
+
+// Reads have connections of their own: one runs while a write transaction is open (here: inside
+// Update's mutate, before its commit and fsync) and sees the last committed state.
+TEST(Store, ReadsDoNotWaitForAWriteInProgress) {
+  auto opened = Store::Open(TempDb().string());
+  ASSERT_TRUE(opened.ok());
+  Store& s = **opened;
+  ASSERT_TRUE(s.Insert(NewJob("a"), 1, kNoLimit).ok());
+  std::future<absl::StatusOr<ftd::v1::Job>> get;
+  std::future<absl::StatusOr<std::vector<ftd::v1::Job>>> list;
+  bool finished_during_write = false;
+  auto upd = s.Update(
+      "j-000001",
+      [&](ftd::v1::Job& j, std::vector<ftd::v1::JobEvent>&) {
+        j.set_state(ftd::v1::RUNNING);
+        get = std::async(std::launch::async, [&] { return s.Get("j-000001"); });
+        list = std::async(std::launch::async, [&] {
+          int64_t next = 0;
+          return s.List(JobFilter{}, &next);
+        });
+        finished_during_write = get.wait_for(std::chrono::seconds(10)) == std::future_status::ready &&
+                                list.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+        return absl::OkStatus();
+      },
+      2);
+  ASSERT_TRUE(upd.ok()) << upd.status();
+  EXPECT_TRUE(finished_during_write) << "a read waited for the write transaction";
+  auto g = get.get();
+  auto l = list.get();
+  ASSERT_TRUE(g.ok() && l.ok());
+  EXPECT_EQ(g->state(), ftd::v1::QUEUED);  // the write had not committed yet
+  ASSERT_EQ(l->size(), 1u);
+  EXPECT_EQ((*l)[0].state(), ftd::v1::QUEUED);
+  auto after = s.Get("j-000001");
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->state(), ftd::v1::RUNNING);
 }
 
 TEST(Store, EventsAreNumberedPerJobAndReadAfterASequence) {
