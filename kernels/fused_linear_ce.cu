@@ -6,7 +6,8 @@
 //     1. logits_c = x_c W^T                      cuBLAS, fp32 accumulation, stored in `dtype` in the workspace
 //     2. loss, lse of the chunk                  CrossEntropyForward on the workspace
 //     3. dlogits_c = s * (softmax - onehot)      CrossEntropyBackward in place over the workspace
-//     4. dweight (+)= dlogits_c^T x_c            cuBLAS (beta 0 on the first chunk unless accumulate_dweight)
+//     4. dweight (+)= dlogits_c^T x_c            cuBLAS (beta 0 on the first chunk unless accumulate_dweight);
+//                                                skipped when dweight is nullptr (a frozen weight)
 //     5. dx_c = dlogits_c W                      cuBLAS
 //   Step 4 runs before step 5 so that dx may alias x: x_c is last read before dx_c is written.
 //   The only [*, vocab] buffer is the workspace chunk; the gradients are final when the call returns.
@@ -17,7 +18,8 @@
 //   labels:     (rows) int64                                        read
 //   loss, lse:  (rows) fp32                                         (=), as CrossEntropyForward
 //   dx:         (rows, hidden) T                                    (=); may alias x
-//   dweight:    (vocab, hidden) T                                   (=) or (+=) with accumulate_dweight
+//   dweight:    (vocab, hidden) T                                   (=) or (+=) with accumulate_dweight;
+//               nullptr: not computed
 //   grad_scale: fp32 scalar s or nullptr (s = 1); the gradients are those of sum_r s * loss[r]
 //   workspace:  >= FusedLinearCrossEntropyWorkspaceBytes bytes, 16-byte aligned: the chunk's logits,
 //               (chunk, ldc) T with ldc = vocab rounded up to 16 bytes so every row is vector-aligned
@@ -108,7 +110,7 @@ cudaError_t FusedLinearCrossEntropy(cublasHandle_t handle, DType dtype, const vo
   const int64_t chunk = std::min(chunk_rows, rows);
   const int64_t ldc = ChunkLd(dtype, vocab);
   if (hidden > INT_MAX || ldc > INT_MAX || chunk > INT_MAX) return cudaErrorInvalidValue;
-  if (weight == nullptr || dweight == nullptr || !AlignedTo(weight, es) || !AlignedTo(dweight, es)) {
+  if (weight == nullptr || !AlignedTo(weight, es) || (dweight != nullptr && !AlignedTo(dweight, es))) {
     return cudaErrorInvalidValue;
   }
   if (rows > 0) {
@@ -131,7 +133,7 @@ cudaError_t FusedLinearCrossEntropy(cublasHandle_t handle, DType dtype, const vo
   }
   if (rows == 0) {
     // No rows: the gradient of the (empty) loss is zero.
-    if (accumulate_dweight) return cudaSuccess;
+    if (accumulate_dweight || dweight == nullptr) return cudaSuccess;
     return cudaMemsetAsync(dweight, 0, static_cast<size_t>(vocab) * static_cast<size_t>(hidden) * es, stream);
   }
 
@@ -165,10 +167,12 @@ cudaError_t FusedLinearCrossEntropy(cublasHandle_t handle, DType dtype, const vo
     if (e != cudaSuccess) return e;
 
     // 4. dweight^T (h, v) (+)= x_c (h, n) . dlogits^T(v, n)^T
-    const float* beta = (r0 == 0 && !accumulate_dweight) ? &zero : &one;
-    st = cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_T, h, v, n, &one, xc, type, h, workspace, type, ld, beta,
-                      dweight, type, h, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    if (st != CUBLAS_STATUS_SUCCESS) return FromCublas(st);
+    if (dweight != nullptr) {
+      const float* beta = (r0 == 0 && !accumulate_dweight) ? &zero : &one;
+      st = cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_T, h, v, n, &one, xc, type, h, workspace, type, ld, beta,
+                        dweight, type, h, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+      if (st != CUBLAS_STATUS_SUCCESS) return FromCublas(st);
+    }
 
     // 5. dx_c^T (h, n) = W^T (h, v) . dlogits^T (v, n)
     st = cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, h, n, v, &one, weight, type, h, workspace, type, ld, &zero,

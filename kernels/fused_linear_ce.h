@@ -29,11 +29,12 @@ size_t FusedLinearCrossEntropyWorkspaceBytes(DType dtype, int64_t rows, int64_t 
 // labels: [rows] int64. Writes (=) loss[rows] and lse[rows] (fp32, as CrossEntropyForward: 0 loss for
 // ignore_index, NaN for a label outside [0, vocab)), dx [rows, hidden] (=) and dweight [vocab, hidden]
 // (= unless accumulate_dweight, then +=), the gradients of sum_r s * loss[r] with s = *grad_scale
-// (device fp32 scalar) or 1 when grad_scale is nullptr. dx may alias x (in place); no other overlap.
+// (device fp32 scalar) or 1 when grad_scale is nullptr. dweight nullptr: no weight gradient is
+// computed (a frozen lm_head, as in LoRA), accumulate_dweight is ignored. dx may alias x (in place); no other overlap.
 // workspace: device memory of at least FusedLinearCrossEntropyWorkspaceBytes(...) bytes, 16-byte
 // aligned. Sets the handle's stream to `stream` (only when it differs: cublasSetStream also resets
 // the handle's workspace); the handle's pointer mode is restored on return, its math mode applies.
-// rows == 0 only zeroes dweight (unless accumulate_dweight).
+// rows == 0 only zeroes dweight (unless accumulate_dweight or dweight is nullptr).
 // cudaErrorInvalidValue: null handle or pointer, sizes < 1 (rows < 0), hidden/vocab/chunk_rows beyond
 // INT_MAX, a pointer misaligned for its element size, a workspace too small or not 16-byte aligned.
 // cuBLAS failures map to the closest cudaError_t (cudaErrorNotSupported, cudaErrorMemoryAllocation,

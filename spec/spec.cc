@@ -45,6 +45,8 @@ absl::Status ApplySetOverride(const std::string& assignment, ftd::v1::TrainSpec*
   (*node)[path] = v.is_discarded() ? nlohmann::json(value) : v;
   auto parsed = ParseTrainSpecJson(patch.dump());
   if (!parsed.ok()) return absl::InvalidArgumentError(absl::StrCat("--set ", assignment, ": ", parsed.status().message()));
+  // A list given with --set replaces the spec's list (MergeFrom would append to it).
+  if (parsed->lora().target_modules_size() > 0) spec->mutable_lora()->clear_target_modules();
   spec->MergeFrom(*parsed);
   return absl::OkStatus();
 }
@@ -91,6 +93,19 @@ absl::StatusOr<TrainConfig> ToTrainConfig(const ftd::v1::TrainSpec& s) {
   if (s.profile().has_warmup_steps()) c.profile.warmup_steps = s.profile().warmup_steps();
   if (s.profile().has_steps()) c.profile.steps = s.profile().steps();
   if (s.has_peak_flops()) c.peak_flops = s.peak_flops();
+  if (s.has_lora()) {
+    const auto& l = s.lora();
+    c.lora.enabled = true;
+    if (l.has_rank()) c.lora.rank = l.rank();
+    if (l.has_alpha()) c.lora.alpha = l.alpha();
+    if (l.has_dropout()) c.lora.dropout = l.dropout();
+    if (l.target_modules_size() > 0) c.lora.target_modules.assign(l.target_modules().begin(), l.target_modules().end());
+    if (l.has_init()) c.lora.init = l.init();
+    if (l.has_use_rslora()) c.lora.use_rslora = l.use_rslora();
+    if (l.has_dtype()) c.lora.dtype = l.dtype();
+    if (l.has_merge()) c.lora.merge = l.merge();
+    if (l.has_adapter_path()) c.lora.adapter_path = l.adapter_path();
+  }
   if (auto st = c.Validate(); !st.ok()) return st;
   return c;
 }

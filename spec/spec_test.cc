@@ -51,5 +51,41 @@ TEST(Spec, DefaultSpecsAreValidAndRoundTrip) {
   }
 }
 
+TEST(Spec, LoraIsOnWhenPresentEvenEmpty) {
+  auto off = ToTrainConfig(*ParseTrainSpecJson(R"({"steps": 2})"));
+  ASSERT_TRUE(off.ok());
+  EXPECT_FALSE(off->lora.enabled);
+  auto on = ToTrainConfig(*ParseTrainSpecJson(R"({"lora": {}})"));
+  ASSERT_TRUE(on.ok()) << on.status();
+  EXPECT_TRUE(on->lora.enabled);
+  EXPECT_EQ(on->lora.rank, LoraConfig().rank);
+  EXPECT_EQ(on->lora.target_modules.size(), kNumLoraTargets);
+  auto set = ToTrainConfig(*ParseTrainSpecJson(
+      R"({"lora": {"rank": 16, "alpha": 32, "dropout": 0.05, "targetModules": ["q", "v_proj"], "use_rslora": true,
+          "dtype": "bf16", "merge": true, "init": "gaussian", "adapter_path": "/a"}})"));
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(set->lora.rank, 16);
+  EXPECT_EQ(set->lora.Alpha(), 32);
+  EXPECT_EQ(set->lora.dropout, 0.05);
+  EXPECT_EQ(set->lora.target_modules, (std::vector<std::string>{"q", "v_proj"}));
+  EXPECT_TRUE(set->lora.use_rslora && set->lora.merge);
+  EXPECT_EQ(set->lora.dtype, "bf16");
+  EXPECT_EQ(set->lora.init, "gaussian");
+  EXPECT_EQ(set->lora.adapter_path, "/a");
+  auto bad = ToTrainConfig(*ParseTrainSpecJson(R"({"lora": {"rank": -1}})"));
+  EXPECT_EQ(bad.status().message(), "spec.lora.rank must be in [1, 4096] (got -1)");
+}
+
+TEST(Spec, SetOverrideReplacesTheTargetList) {
+  auto spec = ParseTrainSpecJson(R"({"lora": {"target_modules": ["q", "k"]}})");
+  ASSERT_TRUE(spec.ok());
+  ASSERT_TRUE(ApplySetOverride(R"(lora.target_modules=["down"])", &*spec).ok());
+  ASSERT_TRUE(ApplySetOverride("lora.rank=4", &*spec).ok());
+  auto c = ToTrainConfig(*spec);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->lora.target_modules, (std::vector<std::string>{"down"}));
+  EXPECT_EQ(c->lora.rank, 4);
+}
+
 }  // namespace
 }  // namespace ftd::spec

@@ -113,6 +113,11 @@ absl::Status TrainConfig::Validate() const {
   if (peak_flops.has_value() && !(*peak_flops > 0)) {
     return Invalid("peak_flops", "must be > 0 FLOP/s (or unset)", absl::StrCat(*peak_flops));
   }
+  if (auto s = lora.Validate(); !s.ok()) return s;
+  if (lora.enabled && fp32_master_weights) {
+    return Invalid("fp32_master_weights",
+                   "does not apply to LoRA (the base is frozen; spec.lora.dtype sets the adapters' dtype)", "true");
+  }
   return absl::OkStatus();
 }
 

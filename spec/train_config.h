@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "spec/lora_config.h"
 
 namespace ftd::spec {
 
@@ -89,6 +90,7 @@ struct TrainConfig {
   std::map<std::string, std::string> kernels;  // per-op overrides: op name -> "eager" | "fused"
   std::optional<double> peak_flops;  // FLOP/s; unset: looked up from the device name
   ProfileConfig profile;
+  LoraConfig lora;  // enabled: LoRA fine-tuning of a frozen base (spec/lora_config.h)
 
   // Checks every field; the message names the field (as in the JSON spec) and the fix.
   absl::Status Validate() const;

@@ -1,6 +1,6 @@
 // ftd-parity: a test driver that runs our LibTorch LLaMA on one batch and writes what the HF
 // parity tests compare: logits, the mean loss and every parameter's gradient.
-//   ftd-parity MODEL_DIR BATCH.safetensors OUT.safetensors [DEVICE [DTYPE [KERNEL_SET]]]
+//   ftd-parity MODEL_DIR BATCH.safetensors OUT.safetensors [DEVICE [DTYPE [KERNEL_SET [ADAPTER_DIR]]]]
 // MODEL_DIR holds config.json + HF safetensors; BATCH holds input_ids and labels ([B, T] I64,
 // labels already shifted, -100 ignored). Runs on DEVICE (default cpu) in DTYPE (fp32 or bf16,
 // default fp32) with KERNEL_SET (eager or fused, default eager); outputs are written in fp32.
@@ -23,7 +23,8 @@ absl::StatusOr<torch::Tensor> Read(const SafetensorsFile& f, const char* name) {
 }
 
 absl::Status Main(const std::string& model_dir, const std::string& batch_path, const std::string& out_path,
-                  const std::string& device_name, const std::string& dtype_name, const std::string& kernel_set) {
+                  const std::string& device_name, const std::string& dtype_name, const std::string& kernel_set,
+                  const std::string& adapter_dir) {
   auto cfg = LoadLlamaConfig(model_dir);
   if (!cfg.ok()) return cfg.status();
   const torch::Device device(device_name);
@@ -36,6 +37,12 @@ absl::Status Main(const std::string& model_dir, const std::string& batch_path, c
   if (!model.ok()) return model.status();
   (*model)->SetKernels(tc.Kernels());
   if (auto s = (*model)->LoadWeights(model_dir); !s.ok()) return s;
+  if (!adapter_dir.empty()) {
+    auto lora = LoraConfigFromPeft(adapter_dir);
+    if (!lora.ok()) return lora.status();
+    lora->dtype = "fp32";
+    if (auto s = (*model)->EnableLora(*lora, 0); !s.ok()) return s;
+  }
   auto batch = SafetensorsFile::Open(batch_path);
   if (!batch.ok()) return batch.status();
   auto ids = Read(**batch, "input_ids");
@@ -54,7 +61,7 @@ absl::Status Main(const std::string& model_dir, const std::string& batch_path, c
   loss.backward();
   auto host = [](const torch::Tensor& t) { return t.detach().to(torch::kCPU, torch::kFloat).contiguous(); };
   std::vector<std::pair<std::string, torch::Tensor>> out = {{"logits", host(logits)}, {"loss", host(loss).reshape({1})}};
-  for (const auto& [name, p] : (*model)->named_parameters()) out.emplace_back("grad." + name, host(p.grad()));
+  for (const auto& [name, p] : (*model)->trainable_parameters()) out.emplace_back("grad." + name, host(p.grad()));
   std::vector<TensorToWrite> w;
   for (const auto& [name, t] : out) w.push_back({name, DType::kF32, t.sizes().vec(), t.data_ptr()});
   return WriteSafetensors(out_path, w);
@@ -63,12 +70,13 @@ absl::Status Main(const std::string& model_dir, const std::string& batch_path, c
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 4 || argc > 7) {
-    std::cerr << "usage: ftd-parity MODEL_DIR BATCH.safetensors OUT.safetensors [DEVICE [fp32|bf16 [eager|fused]]]\n";
+  if (argc < 4 || argc > 8) {
+    std::cerr << "usage: ftd-parity MODEL_DIR BATCH.safetensors OUT.safetensors [DEVICE [fp32|bf16 [eager|fused "
+                 "[ADAPTER_DIR]]]]\n";
     return 2;
   }
   if (auto s = Main(argv[1], argv[2], argv[3], argc > 4 ? argv[4] : "cpu", argc > 5 ? argv[5] : "fp32",
-                    argc > 6 ? argv[6] : "eager");
+                    argc > 6 ? argv[6] : "eager", argc > 7 ? argv[7] : "");
       !s.ok()) {
     std::cerr << "ftd-parity: " << s.message() << "\n";
     return 1;

@@ -48,11 +48,13 @@ def write_tokens(path, ids, dtype=np.uint16):
     np.asarray(ids, dtype=dtype).astype(np.dtype(dtype).newbyteorder("<")).tofile(path)
 
 
-def run_parity(model_dir, input_ids, labels, tmp, device="cpu", dtype="fp32", kernel_set="eager"):
+def run_parity(model_dir, input_ids, labels, tmp, device="cpu", dtype="fp32", kernel_set="eager", adapter_dir=None):
+    """ftd-parity on one batch: logits, loss and gradients (of the adapters, with a PEFT adapter_dir)."""
     batch = Path(tmp) / "batch.safetensors"
-    out = Path(tmp) / f"out-{device}-{dtype}-{kernel_set}.safetensors"
+    out = Path(tmp) / f"out-{device}-{dtype}-{kernel_set}{'-lora' if adapter_dir else ''}.safetensors"
     save_file({"input_ids": input_ids.contiguous(), "labels": labels.contiguous()}, str(batch))
-    subprocess.run([str(PARITY), str(model_dir), str(batch), str(out), device, dtype, kernel_set], check=True)
+    extra = [str(adapter_dir)] if adapter_dir else []
+    subprocess.run([str(PARITY), str(model_dir), str(batch), str(out), device, dtype, kernel_set, *extra], check=True)
     return load_file(str(out))
 
 

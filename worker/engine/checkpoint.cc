@@ -17,6 +17,10 @@ namespace {
 
 constexpr char kFormat[] = "ftd-checkpoint-1";
 const char* const kFiles[] = {"model.safetensors", "config.json", "optimizer.safetensors", "trainer_state.json"};
+// LoRA: the adapters in PEFT's format instead of the model; the base stays where it was read from.
+const char* const kLoraFiles[] = {"adapter_model.safetensors", "adapter_config.json", "optimizer.safetensors",
+                                  "trainer_state.json"};
+const char* const kMergedFiles[] = {"merged/model.safetensors", "merged/config.json"};
 
 std::optional<int64_t> StepOf(const fs::path& p) {
   const std::string n = p.filename().string();
@@ -44,7 +48,7 @@ bool Complete(const fs::path& dir) {
 }  // namespace
 
 absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const TrainerState& st, const LlamaModel& model,
-                                           const AdamW& opt, int keep_last) {
+                                           const AdamW& opt, int keep_last, bool merged) {
   std::error_code ec;
   fs::create_directories(root, ec);
   if (ec) return absl::InternalError(absl::StrCat("create ", root, ": ", ec.message()));
@@ -55,7 +59,17 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const Traine
   fs::create_directories(tmp, ec);
   if (ec) return absl::InternalError(absl::StrCat("create ", tmp.string(), ": ", ec.message()));
 
-  if (auto s = model.SaveWeights(tmp.string()); !s.ok()) return s;
+  if (model.lora()) {
+    if (auto s = model.SaveAdapters(tmp.string()); !s.ok()) return s;
+    if (merged) {
+      fs::create_directories(tmp / "merged", ec);
+      if (ec) return absl::InternalError(absl::StrCat("create ", (tmp / "merged").string(), ": ", ec.message()));
+      if (auto s = model.SaveMerged((tmp / "merged").string()); !s.ok()) return s;
+      if (auto s = FsyncDir((tmp / "merged").string()); !s.ok()) return s;
+    }
+  } else {
+    if (auto s = model.SaveWeights(tmp.string()); !s.ok()) return s;
+  }
 
   // Optimizer state and RNG states.
   std::vector<std::pair<std::string, torch::Tensor>> tensors = opt.State();
@@ -77,7 +91,15 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const Traine
   if (auto s = WriteFileSynced((tmp / "trainer_state.json").string(), state.dump(2)); !s.ok()) return s;
 
   json manifest = {{"format", kFormat}, {"step", st.step}, {"files", json::object()}};
-  for (const char* f : kFiles) manifest["files"][f] = fs::file_size(tmp / f);
+  for (const char* f : kFiles) {
+    if (!model.lora()) manifest["files"][f] = fs::file_size(tmp / f);
+  }
+  for (const char* f : kLoraFiles) {
+    if (model.lora()) manifest["files"][f] = fs::file_size(tmp / f);
+  }
+  for (const char* f : kMergedFiles) {
+    if (model.lora() && merged) manifest["files"][f] = fs::file_size(tmp / f);
+  }
   if (auto s = WriteFileSynced((tmp / "MANIFEST.json").string(), manifest.dump(2)); !s.ok()) return s;
   if (auto s = FsyncDir(tmp.string()); !s.ok()) return s;
   fs::remove_all(final_dir, ec);
@@ -137,7 +159,15 @@ absl::Status LoadCheckpoint(const std::string& dir, TrainerState* st, LlamaModel
   if (saved.shuffle != st->shuffle) return mismatch("data.shuffle", saved.shuffle, st->shuffle);
   if (saved.data_seed != st->data_seed) return mismatch("data.seed", saved.data_seed, st->data_seed);
   if (saved.data_path != st->data_path) return mismatch("data.path", saved.data_path, st->data_path);
-  if (auto s = model->LoadWeights(dir); !s.ok()) return s;
+  // A LoRA run resumes from adapters, a full fine-tuning run from a whole model: never the other.
+  const bool has_adapter = fs::exists(fs::path(dir) / "adapter_model.safetensors");
+  if (has_adapter != model->lora()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot resume from ", dir, ": it is a ", has_adapter ? "LoRA" : "full fine-tuning",
+        " checkpoint and this run is ", model->lora() ? "LoRA" : "full fine-tuning",
+        " (use a new checkpoint.dir, or set spec.lora as the checkpoint was written)"));
+  }
+  if (auto s = model->lora() ? model->LoadAdapters(dir) : model->LoadWeights(dir); !s.ok()) return s;
   auto file = SafetensorsFile::Open((fs::path(dir) / "optimizer.safetensors").string());
   if (!file.ok()) return file.status();
   auto lookup = [&](const std::string& key) -> absl::StatusOr<torch::Tensor> {

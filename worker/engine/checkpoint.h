@@ -2,6 +2,8 @@
 //
 //   <root>/step-00000042/          a complete checkpoint (renamed into place last)
 //     model.safetensors, config.json   HF layout: transformers' from_pretrained loads the directory
+//       (LoRA instead: adapter_model.safetensors, adapter_config.json in PEFT's format, and with
+//       `merged` a merged/ directory holding model.safetensors and config.json)
 //     optimizer.safetensors            AdamW state under fixed names, and RNG states
 //     trainer_state.json               step, data cursor, shapes the cursor depends on
 //     MANIFEST.json                    written last: format, step, every file and its size
@@ -30,8 +32,10 @@ struct TrainerState {
   std::string data_path;
 };
 
+// `merged` (LoRA only): also write merged/ (the base with the adapters merged into it).
 absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const TrainerState& state,
-                                           const LlamaModel& model, const AdamW& opt, int keep_last);
+                                           const LlamaModel& model, const AdamW& opt, int keep_last,
+                                           bool merged = false);
 // The newest complete checkpoint under root, or nullopt if there is none.
 absl::StatusOr<std::optional<std::string>> LatestCheckpoint(const std::string& root);
 absl::Status LoadCheckpoint(const std::string& dir, TrainerState* state, LlamaModel* model, AdamW* opt);

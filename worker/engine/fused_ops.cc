@@ -190,20 +190,24 @@ struct LinearCrossEntropyFn : public torch::autograd::Function<LinearCrossEntrop
     const int64_t rows = x.size(0), hidden = x.size(1), vocab = w.size(0), chunk = ChunkRows(rows);
     auto opts = x.options().dtype(torch::kFloat);
     auto loss = torch::empty({rows}, opts), lse = torch::empty({rows}, opts);
-    auto dx = torch::empty_like(x), dw = torch::empty_like(w);
+    // A frozen weight (LoRA's lm_head) gets no gradient: the kernel skips its GEMM.
+    const bool weight_grad = w_in.requires_grad();
+    auto dx = torch::empty_like(x);
+    auto dw = weight_grad ? torch::empty_like(w) : torch::Tensor();
     auto scale = scale_in.to(x.device(), torch::kFloat).reshape({});
     const size_t ws_bytes = k::FusedLinearCrossEntropyWorkspaceBytes(dt, rows, hidden, vocab, chunk);
     auto ws = Workspace(ws_bytes, x);
     RECORD_FUNCTION("ftd::linear_cross_entropy_forward", c10::ArrayRef<const c10::IValue>{});
     Check(k::FusedLinearCrossEntropy(at::cuda::getCurrentCUDABlasHandle(), dt, x.data_ptr(), w.data_ptr(),
                                      labels.data_ptr<int64_t>(), loss.data_ptr<float>(), lse.data_ptr<float>(),
-                                     dx.data_ptr(), dw.data_ptr(), /*accumulate_dweight=*/false,
+                                     dx.data_ptr(), weight_grad ? dw.data_ptr() : nullptr, /*accumulate_dweight=*/false,
                                      scale.data_ptr<float>(), ws.data_ptr(), ws_bytes, rows, hidden, vocab, chunk,
                                      ignore_index, Stream()),
           "FusedLinearCrossEntropy");
     // The gradients of scale * sum(loss) are computed here; backward only multiplies them by the
     // incoming gradient (exactly 1 when this is the loss that backward starts from).
     ctx->save_for_backward({dx, dw});
+    ctx->saved_data["weight_grad"] = weight_grad;
     return loss.sum() * scale;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -211,7 +215,8 @@ struct LinearCrossEntropyFn : public torch::autograd::Function<LinearCrossEntrop
     RECORD_FUNCTION("ftd::linear_cross_entropy_backward", c10::ArrayRef<const c10::IValue>{});
     auto g = grads[0];  // 0-dim
     auto dx = saved[0].mul_(g.to(saved[0].scalar_type()));
-    auto dw = saved[1].mul_(g.to(saved[1].scalar_type()));
+    torch::Tensor dw;
+    if (ctx->saved_data["weight_grad"].toBool()) dw = saved[1].mul_(g.to(saved[1].scalar_type()));
     return {dx, dw, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <numbers>
 
 #include <ATen/record_function.h>
@@ -76,7 +77,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const LlamaConfig
                                get(p + "self_attn.k_proj.weight"), get(p + "self_attn.v_proj.weight"),
                                get(p + "self_attn.o_proj.weight"), get(p + "post_attention_layernorm.weight"),
                                get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight"),
-                               get(p + "mlp.down_proj.weight")});
+                               get(p + "mlp.down_proj.weight"), {}});
   }
   m->inv_freq_ = RopeInvFreq(c).to(device);
   return m;
@@ -106,15 +107,87 @@ absl::Status LlamaModel::LoadWeights(const std::string& dir) {
                                 torch::TensorOptions().dtype(*st));
     param.copy_(src);
   }
+  weights_dir_ = dir;
   return absl::OkStatus();
 }
 
-absl::Status LlamaModel::SaveWeights(const std::string& dir) const {
+absl::Status LlamaModel::SaveWeights(const std::string& dir) const { return WriteWeights(dir, /*merged=*/false); }
+
+absl::Status LlamaModel::SaveMerged(const std::string& dir) const {
+  if (!lora_.enabled) return absl::FailedPreconditionError("SaveMerged needs LoRA adapters");
+  return WriteWeights(dir, /*merged=*/true);
+}
+
+const torch::Tensor& LlamaModel::Layer::Weight(spec::LoraTarget t) const {
+  switch (t) {
+    case spec::LoraTarget::kQ: return q;
+    case spec::LoraTarget::kK: return k;
+    case spec::LoraTarget::kV: return v;
+    case spec::LoraTarget::kO: return o;
+    case spec::LoraTarget::kGate: return gate;
+    case spec::LoraTarget::kUp: return up;
+    case spec::LoraTarget::kDown: return down;
+  }
+  return q;
+}
+
+absl::Status LlamaModel::EnableLora(const spec::LoraConfig& lora, uint64_t seed) {
+  if (!lora.enabled) return absl::OkStatus();
+  if (auto s = lora.Validate(); !s.ok()) return s;
+  lora_ = lora;
+  for (auto& [name, t] : params_) t.set_requires_grad(false);
+  const auto on = lora.Targets();
+  // Drawn on the CPU from their own generator: the same adapters for a seed on any device.
+  torch::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    for (size_t t = 0; t < on.size(); ++t) {
+      if (!on[t]) continue;
+      const auto target = static_cast<spec::LoraTarget>(t);
+      const auto& w = layers_[i].Weight(target);
+      auto& ad = layers_[i].lora[t];
+      ad = NewLoraAdapter(w.size(1), w.size(0), lora, gen, device_);
+      adapters_.emplace_back(LoraTensorName(static_cast<int64_t>(i), target, false), ad.a);
+      adapters_.emplace_back(LoraTensorName(static_cast<int64_t>(i), target, true), ad.b);
+    }
+  }
+  if (!lora.adapter_path.empty()) {
+    if (auto s = LoadPeftAdapter(lora.adapter_path, adapters_, lora_); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("spec.lora.adapter_path: ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LlamaModel::SaveAdapters(const std::string& dir) const {
+  return SavePeftAdapter(dir, adapters_, lora_, weights_dir_);
+}
+
+absl::Status LlamaModel::LoadAdapters(const std::string& dir) { return LoadPeftAdapter(dir, adapters_, lora_); }
+
+absl::Status LlamaModel::WriteWeights(const std::string& dir, bool merged) const {
+  // With `merged`, each adapted projection is written as W + scale B A, one tensor at a time.
+  std::map<const void*, const LoraAdapter*> adapter_of;  // a base weight's data -> its adapter
+  if (merged) {
+    for (const auto& L : layers_) {
+      for (size_t t = 0; t < L.lora.size(); ++t) {
+        if (L.lora[t].on()) adapter_of[L.Weight(static_cast<spec::LoraTarget>(t)).data_ptr()] = &L.lora[t];
+      }
+    }
+  }
+  torch::NoGradGuard no_grad;
+  const double scale = lora_.Scale();
   std::vector<torch::Tensor> host;
   std::vector<TensorToWrite> out;
   host.reserve(params_.size());
   for (const auto& [name, t] : params_) {
-    host.push_back(t.detach().to(torch::kCPU).contiguous());
+    auto it = adapter_of.find(t.data_ptr());
+    if (it == adapter_of.end()) {
+      host.push_back(t.detach().to(torch::kCPU).contiguous());
+    } else {
+      const LoraAdapter& ad = *it->second;
+      auto w = t.to(torch::kFloat) + scale * torch::mm(ad.b.to(torch::kFloat), ad.a.to(torch::kFloat));
+      host.push_back(w.to(t.scalar_type()).to(torch::kCPU).contiguous());
+    }
     auto d = SafetensorsDType(host.back().scalar_type());
     if (!d.ok()) return d.status();
     out.push_back({name, *d, host.back().sizes().vec(), host.back().data_ptr()});
@@ -175,38 +248,49 @@ torch::Tensor LlamaModel::Rotate(const torch::Tensor& x, int64_t seq_len) {
   return t * cos + RotateHalf(t) * sin;
 }
 
-torch::Tensor LlamaModel::Hidden(const torch::Tensor& ids) {
+torch::Tensor LlamaModel::Project(const torch::Tensor& x, const torch::Tensor& w, const LoraAdapter& ad,
+                                  bool train) const {
+  if (!ad.on()) return torch::linear(x, w);
+  return LoraLinear(x, w, ad, lora_.Scale(), lora_.dropout, train);
+}
+
+torch::Tensor LlamaModel::Hidden(const torch::Tensor& ids, bool train) {
   const auto& c = config_;
   const int64_t B = ids.size(0), T = ids.size(1);
   auto x = torch::embedding(embed_, ids);
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
   for (const auto& L : layers_) {
     auto h = Norm(x, L.input_norm);
-    auto q = Rotate(torch::linear(h, L.q).view({B, T, c.num_attention_heads, c.head_dim}), T);
-    auto k = Rotate(torch::linear(h, L.k).view({B, T, c.num_key_value_heads, c.head_dim}), T);
-    auto v = torch::linear(h, L.v).view({B, T, c.num_key_value_heads, c.head_dim}).transpose(1, 2);
+    using spec::LoraTarget;
+    auto lora = [&](LoraTarget t) -> const LoraAdapter& { return L.lora[static_cast<size_t>(t)]; };
+    auto q = Rotate(Project(h, L.q, lora(LoraTarget::kQ), train).view({B, T, c.num_attention_heads, c.head_dim}), T);
+    auto k = Rotate(Project(h, L.k, lora(LoraTarget::kK), train).view({B, T, c.num_key_value_heads, c.head_dim}), T);
+    auto v = Project(h, L.v, lora(LoraTarget::kV), train)
+                 .view({B, T, c.num_key_value_heads, c.head_dim})
+                 .transpose(1, 2);
     auto a = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/T > 1,
                                               scale, /*enable_gqa=*/c.num_key_value_heads != c.num_attention_heads);
     a = a.transpose(1, 2).reshape({B, T, c.num_attention_heads * c.head_dim});
-    x = x + torch::linear(a, L.o);
+    x = x + Project(a, L.o, lora(LoraTarget::kO), train);
     h = Norm(x, L.post_norm);
-    auto gate = torch::linear(h, L.gate), up = torch::linear(h, L.up);
-    x = x + torch::linear(SwiGlu(gate, up), L.down);
+    auto gate = Project(h, L.gate, lora(LoraTarget::kGate), train);
+    auto up = Project(h, L.up, lora(LoraTarget::kUp), train);
+    x = x + Project(SwiGlu(gate, up), L.down, lora(LoraTarget::kDown), train);
   }
   return Norm(x, final_norm_);
 }
 
-torch::Tensor LlamaModel::Logits(const torch::Tensor& ids) { return torch::linear(Hidden(ids), lm_head_); }
+torch::Tensor LlamaModel::Logits(const torch::Tensor& ids) { return torch::linear(Hidden(ids, /*train=*/false), lm_head_); }
 
 torch::Tensor LlamaModel::LossSum(const torch::Tensor& ids, const torch::Tensor& labels) {
   const auto flat_labels = labels.reshape({-1});
   if (kernels_[KernelOp::kLinearCrossEntropy]) {
     auto one = torch::ones({}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
-    auto h = Hidden(ids).reshape({-1, config_.hidden_size});
+    auto h = Hidden(ids, /*train=*/true).reshape({-1, config_.hidden_size});
     RECORD_USER_SCOPE("ftd::op::cross_entropy");
     return fused::LinearCrossEntropy(h, lm_head_, flat_labels, one, kIgnoreIndex);
   }
-  auto logits = Logits(ids).view({-1, config_.vocab_size});
+  auto logits = torch::linear(Hidden(ids, /*train=*/true), lm_head_).view({-1, config_.vocab_size});
   RECORD_USER_SCOPE("ftd::op::cross_entropy");
   // The fused kernel reads the logits in the model dtype: no fp32 copy, no softmax tensor.
   if (kernels_[KernelOp::kCrossEntropy]) return fused::CrossEntropySum(logits, flat_labels, kIgnoreIndex);
@@ -217,7 +301,7 @@ torch::Tensor LlamaModel::LossSum(const torch::Tensor& ids, const torch::Tensor&
 
 torch::Tensor LlamaModel::LossMean(const torch::Tensor& ids, const torch::Tensor& labels, const torch::Tensor& count) {
   if (kernels_[KernelOp::kLinearCrossEntropy]) {
-    auto h = Hidden(ids).reshape({-1, config_.hidden_size});
+    auto h = Hidden(ids, /*train=*/true).reshape({-1, config_.hidden_size});
     RECORD_USER_SCOPE("ftd::op::cross_entropy");
     return fused::LinearCrossEntropy(h, lm_head_, labels.reshape({-1}), count.reciprocal(), kIgnoreIndex);
   }
@@ -235,6 +319,13 @@ double LlamaModel::TrainingFlopsPerToken(int64_t seq_len) const {
   // 6 FLOPs per matmul weight per token (forward 2, backward 4), plus causal attention:
   // QK^T and PV are 2 * 2 * T * q FLOPs per token and layer forward, halved by the causal mask, x3 for training.
   const double attention = 6.0 * static_cast<double>(c.num_hidden_layers) * q * static_cast<double>(seq_len);
+  if (lora_.enabled) {
+    // A frozen weight costs its forward (2) and the input's gradient (2), no weight gradient; the
+    // adapters cost 6 per weight as any trained matmul.
+    double adapter_params = 0;
+    for (const auto& [name, t] : adapters_) adapter_params += static_cast<double>(t.numel());
+    return 4.0 * matmul_params + 6.0 * adapter_params + attention;
+  }
   return 6.0 * matmul_params + attention;
 }
 

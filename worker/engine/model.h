@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "worker/engine/lora.h"
 #include "worker/engine/spec_types.h"
 
 namespace ftd::engine {
@@ -32,8 +33,25 @@ class LlamaModel {
   // Writes dir/model.safetensors and dir/config.json in HF's layout (tied lm_head not stored).
   absl::Status SaveWeights(const std::string& dir) const;
 
-  // Trainable parameters under their HF names, in a fixed order (a tied lm_head is not listed).
+  // The base weights under their HF names, in a fixed order (a tied lm_head is not listed).
   const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters() const { return params_; }
+  // What the optimizer trains: the base weights, or with LoRA the adapters under PEFT's names.
+  const std::vector<std::pair<std::string, torch::Tensor>>& trainable_parameters() const {
+    return lora_.enabled ? adapters_ : params_;
+  }
+
+  // LoRA (spec.lora): freezes every base weight and adds adapters on the target projections, drawn
+  // from `seed` as PEFT draws them, or read from lora.adapter_path. Call after LoadWeights.
+  absl::Status EnableLora(const spec::LoraConfig& lora, uint64_t seed);
+  bool lora() const { return lora_.enabled; }
+  const spec::LoraConfig& lora_config() const { return lora_; }
+  // LoRA: dir/adapter_model.safetensors + adapter_config.json in PEFT's format (its
+  // base_model_name_or_path: the directory LoadWeights read, or null).
+  absl::Status SaveAdapters(const std::string& dir) const;
+  absl::Status LoadAdapters(const std::string& dir);
+  // LoRA: dir/model.safetensors + config.json with every adapter merged (W + scale B A, in fp32,
+  // stored in the model's dtype): a model transformers loads on its own.
+  absl::Status SaveMerged(const std::string& dir) const;
 
   // ids: [B, T] int64 -> logits [B, T, V] in the model's dtype.
   torch::Tensor Logits(const torch::Tensor& ids);
@@ -55,6 +73,8 @@ class LlamaModel {
  private:
   struct Layer {
     torch::Tensor input_norm, q, k, v, o, post_norm, gate, up, down;
+    LayerAdapters lora;  // by spec::LoraTarget; none without LoRA
+    const torch::Tensor& Weight(spec::LoraTarget t) const;
   };
   LlamaModel(const LlamaConfig& c, torch::Device d, torch::ScalarType t) : config_(c), device_(d), dtype_(t) {}
   void Register(const std::string& name, torch::Tensor t);
@@ -62,7 +82,10 @@ class LlamaModel {
   torch::Tensor Norm(const torch::Tensor& x, const torch::Tensor& w) const;
   torch::Tensor Rotate(const torch::Tensor& x_bthd, int64_t seq_len);  // -> [B, H, T, D]
   torch::Tensor SwiGlu(const torch::Tensor& gate, const torch::Tensor& up) const;
-  torch::Tensor Hidden(const torch::Tensor& ids);
+  torch::Tensor Hidden(const torch::Tensor& ids, bool train);
+  // x W^T for one of a layer's projections, plus its adapter's term with LoRA.
+  torch::Tensor Project(const torch::Tensor& x, const torch::Tensor& w, const LoraAdapter& ad, bool train) const;
+  absl::Status WriteWeights(const std::string& dir, bool merged) const;
 
   LlamaConfig config_;
   torch::Device device_;
@@ -75,6 +98,9 @@ class LlamaModel {
   torch::Tensor cos_, sin_;      // [T, D] in the model dtype (eager, as HF)
   torch::Tensor cos32_, sin32_;  // [T, D/2] fp32 (fused)
   KernelChoice kernels_;
+  spec::LoraConfig lora_;  // enabled: LoRA
+  std::vector<std::pair<std::string, torch::Tensor>> adapters_;  // PEFT names, layer by layer, A then B
+  std::string weights_dir_;  // what LoadWeights read
 };
 
 // RoPE inverse frequencies, with llama3 scaling when configured (HF's _compute_llama3_parameters).

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/match.h"
 #include "worker/engine/checkpoint.h"
 #include "worker/engine/engine.h"
@@ -128,10 +129,13 @@ RunSummary Run(const TrainConfig& cfg, const RunHooks& hooks) {
       return fail(Outcome::kInvalidSpec, absl::StrCat("spec.model.weights_path: ", s.message()));
     }
   }
+  if (cfg.lora.enabled) {
+    if (auto s = model.EnableLora(cfg.lora, cfg.seed); !s.ok()) return fail(Outcome::kInvalidSpec, std::string(s.message()));
+  }
   auto data_or = TokenData::Open(cfg.data, cfg.seq_len, cfg.batch_size, mc->vocab_size);
   if (!data_or.ok()) return fail(Outcome::kInvalidSpec, std::string(data_or.status().message()));
   TokenData& data = **data_or;
-  AdamW opt(model.named_parameters(), cfg.optimizer, cfg.fp32_master_weights, kernels[KernelOp::kAdamW]);
+  AdamW opt(model.trainable_parameters(), cfg.optimizer, cfg.fp32_master_weights, kernels[KernelOp::kAdamW]);
 
   TrainerState state;
   state.batch_size = cfg.batch_size;
@@ -153,6 +157,13 @@ RunSummary Run(const TrainConfig& cfg, const RunHooks& hooks) {
   log(absl::StrFormat("model: %.3fB parameters (%d layers, hidden %d, vocab %d), %s on %s, kernels %s; data: %d tokens",
                       static_cast<double>(mc->NumParameters()) / 1e9, mc->num_hidden_layers, mc->hidden_size,
                       mc->vocab_size, bf16 ? "bf16" : "fp32", device.str(), kernels.ToString(), data.num_tokens()));
+  if (model.lora()) {
+    int64_t n = 0;
+    for (const auto& [name, t] : model.trainable_parameters()) n += t.numel();
+    log(absl::StrFormat("LoRA: rank %d, alpha %g (scale %g), %s adapters on %s; %d trainable parameters, base frozen",
+                        cfg.lora.rank, cfg.lora.Alpha(), cfg.lora.Scale(), cfg.lora.dtype,
+                        absl::StrJoin(cfg.lora.target_modules, ","), n));
+  }
 
   const double peak = cfg.peak_flops.value_or(PeakFlops(device));
   const double flops_per_token = model.TrainingFlopsPerToken(cfg.seq_len);
@@ -160,9 +171,11 @@ RunSummary Run(const TrainConfig& cfg, const RunHooks& hooks) {
   std::vector<int64_t> host;
   sum.steps_done = state.step;
 
+  // The last step's checkpoint also holds the merged model when spec.lora.merge asks for it.
   auto checkpoint = [&]() -> absl::Status {
     if (cfg.checkpoint.dir.empty()) return absl::OkStatus();
-    auto dir = SaveCheckpoint(cfg.checkpoint.dir, state, model, opt, cfg.checkpoint.keep_last);
+    const bool merged = model.lora() && cfg.lora.merge && state.step == cfg.steps;
+    auto dir = SaveCheckpoint(cfg.checkpoint.dir, state, model, opt, cfg.checkpoint.keep_last, merged);
     if (!dir.ok()) return dir.status();
     sum.last_checkpoint = *dir;
     log(absl::StrCat("checkpoint ", *dir));
