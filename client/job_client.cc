@@ -7,15 +7,11 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "proto/grpc_status.h"
 
 namespace ftd::client {
 
 using Clock = std::chrono::system_clock;
-
-absl::Status FromGrpc(const grpc::Status& s) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(static_cast<int>(s.error_code())), s.error_message());
-}
 
 namespace {
 
@@ -122,7 +118,7 @@ absl::StatusOr<Resp> JobClient::Unary(Call&& call) {
     std::this_thread::sleep_until(wake);
   }
   if (last.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED || last.error_code() == grpc::StatusCode::UNAVAILABLE) {
-    return absl::Status(static_cast<absl::StatusCode>(static_cast<int>(last.error_code())),
+    return absl::Status(FromGrpc(last).code(),
                         absl::StrCat("no answer from ftd at ", opts_.address, " within ", Seconds(opts_.timeout), " (",
                                      last.error_message(), "); is it still running? (--timeout sets the limit)"));
   }

@@ -77,7 +77,4 @@ class JobClient {
   std::atomic<bool> interrupted_{false};
 };
 
-// grpc::Status -> absl::Status (codes agree numerically); the message keeps ftd's own text.
-absl::Status FromGrpc(const grpc::Status& s);
-
 }  // namespace ftd::client

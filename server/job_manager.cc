@@ -1,15 +1,13 @@
 #include "server/job_manager.h"
 
-#include <signal.h>
-#include <string.h>
-
 #include <filesystem>
-#include <fstream>
+#include <iostream>
 #include <random>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "server/job_events.h"
+#include "server/scheduling_policy.h"
 #include "spec/spec.h"
 
 namespace ftd::server {
@@ -18,11 +16,6 @@ using ftd::v1::Job;
 using ftd::v1::JobEvent;
 using ftd::v1::RunResult;
 
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 namespace {
 
 std::string RandomToken() {
@@ -30,105 +23,212 @@ std::string RandomToken() {
   return absl::StrFormat("%08x%08x%08x%08x", rd(), rd(), rd(), rd());
 }
 
-std::string SignalName(int sig) {
-  const char* abbrev = sigabbrev_np(sig);
-  return abbrev == nullptr ? absl::StrCat(sig) : absl::StrCat(sig, " (SIG", abbrev, ")");
-}
-
-bool IsWorkerOf(pid_t pid, const std::string& job_id) {
-  if (pid <= 0) return false;
-  std::ifstream in(absl::StrCat("/proc/", pid, "/cmdline"), std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string cmd = ss.str();
-  return cmd.find("ftd-worker") != std::string::npos && cmd.find(job_id) != std::string::npos;
-}
+constexpr ftd::v1::JobState kStates[] = {ftd::v1::QUEUED, ftd::v1::RUNNING, ftd::v1::SUCCEEDED, ftd::v1::FAILED,
+                                         ftd::v1::CANCELLED};
 
 }  // namespace
 
-JobManager::JobManager(ManagerConfig cfg, Store* store, Metrics* metrics)
-    : cfg_(std::move(cfg)), store_(store), metrics_(metrics) {
+JobManager::JobManager(ManagerConfig cfg, Store* store, Metrics* metrics, WorkerLauncher* launcher,
+                       const Clock* clock)
+    : cfg_(std::move(cfg)), store_(store), metrics_(metrics), launcher_(launcher), clock_(clock) {
   if (cfg_.gpus > 0) {
     for (int i = 0; i < cfg_.gpus; ++i) slots_.push_back(absl::StrCat("gpu:", i));
   } else {
     slots_.push_back("cpu");
   }
-  supervisor_ = std::make_unique<Supervisor>([this](pid_t pid, ExitStatus st) { OnExit(pid, st); });
+  launcher_->SetExitHandler(
+      [this](const std::string& job_id, int attempt, ExitStatus st) { OnWorkerExit(job_id, attempt, st); });
 }
 
 JobManager::~JobManager() {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    std::lock_guard<std::mutex> l(loop_mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  loop_cv_.notify_all();
   if (loop_.joinable()) loop_.join();
+  launcher_->SetExitHandler(nullptr);
+  hub_.Shutdown();
 }
 
-absl::Status JobManager::Start() {
+// ---------------------------------------------------------------------------------------------
+// Start, the scheduling thread, drain
+
+absl::Status JobManager::Recover() {
+  std::lock_guard<std::mutex> l(mu_);
+  for (auto s : kStates) {
+    auto n = store_->CountInState(s);
+    if (!n.ok()) return n.status();
+    counts_[s] = *n;
+  }
   auto running = store_->JobsInStates({ftd::v1::RUNNING});
   if (!running.ok()) return running.status();
   for (const Job& j : *running) {
-    if (IsWorkerOf(static_cast<pid_t>(j.worker_pid()), j.id())) Supervisor::Kill(static_cast<pid_t>(j.worker_pid()));
-    const bool requeue = cfg_.requeue_on_restart && j.attempt() < j.max_attempts();
-    auto st = store_->Update(
-        j.id(),
-        [&](Job& job, std::vector<JobEvent>& events) {
-          job.set_worker_pid(0);
-          job.set_reason("DAEMON_RESTART");
-          if (requeue) {
-            job.set_state(ftd::v1::QUEUED);
-            job.set_message(absl::StrCat("ftd restarted while attempt ", job.attempt(), " of ", job.max_attempts(),
-                                         " was running; requeued"));
-          } else {
-            job.set_state(ftd::v1::FAILED);
-            job.set_finished_unix_ms(NowMs());
-            job.set_message(absl::StrCat("ftd restarted while attempt ", job.attempt(), " of ", job.max_attempts(),
-                                         " was running; no attempts left"));
-            job.mutable_result()->set_outcome(RunResult::FAILED);
-            job.mutable_result()->set_message(job.message());
-          }
-          JobEvent e;
-          *e.mutable_state() = job;
-          events.push_back(e);
-          if (!requeue) {
-            JobEvent r;
-            *r.mutable_result() = job.result();
-            events.push_back(r);
-          }
-          return absl::OkStatus();
-        },
-        NowMs());
-    if (!st.ok()) return st.status();
-    if (requeue) metrics_->Retry("DAEMON_RESTART");
+    launcher_->KillOrphan(j.worker_pid(), j.id());
+    const bool attempts_left = j.attempt() < j.max_attempts();
+    const bool requeue = cfg_.requeue_on_restart && attempts_left;
+    auto job = TransitionLocked(j.id(), [&](Job& job) {
+      const std::string what =
+          absl::StrCat("ftd restarted while attempt ", job.attempt(), " of ", job.max_attempts(), " was running; ");
+      job.set_worker_pid(0);
+      job.set_reason(std::string(Info(Reason::kDaemonRestart).code));
+      if (requeue) {
+        job.set_state(ftd::v1::QUEUED);
+        job.set_message(absl::StrCat(what, "requeued"));
+      } else {
+        job.set_state(ftd::v1::FAILED);
+        job.set_finished_unix_ms(clock_->UnixMs());
+        job.set_message(absl::StrCat(what, attempts_left ? "not requeued (--restart-policy fail)" : "no attempts left"));
+        job.mutable_result()->set_outcome(RunResult::FAILED);
+        job.mutable_result()->set_message(job.message());
+      }
+      return absl::OkStatus();
+    });
+    if (!job.ok()) return job.status();
+    if (requeue) metrics_->Retry(Info(Reason::kDaemonRestart).code);
+    if (!requeue) metrics_->JobFinished(ftd::v1::FAILED, Info(Reason::kDaemonRestart).code, 0);
   }
-  RefreshStateGauges();
+  auto queued = store_->JobsInStates({ftd::v1::QUEUED});
+  if (!queued.ok()) return queued.status();
+  for (const Job& j : *queued) {
+    if (!queue_.Put(j)) return absl::DataLossError(absl::StrCat("queued job has a malformed id \"", j.id(), "\""));
+  }
+  PublishGaugesLocked();
+  return absl::OkStatus();
+}
+
+absl::Status JobManager::Start() {
+  if (auto st = Recover(); !st.ok()) return st;
   loop_ = std::thread([this] { Loop(); });
   return absl::OkStatus();
+}
+
+void JobManager::Kick() {
+  {
+    std::lock_guard<std::mutex> l(loop_mu_);
+    kicked_ = true;
+  }
+  loop_cv_.notify_one();
+}
+
+void JobManager::Loop() {
+  std::unique_lock<std::mutex> l(loop_mu_);
+  while (!stopping_) {
+    kicked_ = false;
+    l.unlock();
+    const auto wait = Tick();
+    l.lock();
+    const auto woken = [&] { return kicked_ || stopping_; };
+    if (wait.has_value()) {
+      loop_cv_.wait_for(l, *wait, woken);
+    } else {
+      loop_cv_.wait(l, woken);
+    }
+  }
+}
+
+std::optional<std::chrono::milliseconds> JobManager::Tick() {
+  std::vector<LaunchRequest> launches;
+  std::optional<int64_t> wait_ms;
+  auto wake_in = [&](int64_t ms) { wait_ms = std::min(wait_ms.value_or(ms), std::max<int64_t>(ms, 0)); };
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    const int64_t steady = clock_->SteadyMs();
+    std::vector<std::string> unrecorded;
+    for (auto& [id, a] : running_) {
+      if (a.unrecorded.has_value()) {
+        unrecorded.push_back(id);
+      } else if (a.pid > 0 && !a.lost) {
+        const int64_t silent = steady - a.last_seen_ms;
+        if (silent >= cfg_.heartbeat_timeout_ms) {
+          a.lost = true;
+          launcher_->Kill(a.pid);
+        } else {
+          wake_in(cfg_.heartbeat_timeout_ms - silent);
+        }
+      }
+    }
+    for (const auto& id : unrecorded) {
+      Attempt& a = running_.at(id);
+      if (!FinishLocked(a, *a.unrecorded)) wake_in(1000);
+    }
+    if (!cfg_.paused && !draining_) {
+      const int64_t now = clock_->UnixMs();
+      const SchedulingPlan plan = Schedule({&queue_, FreeSlotsLocked(), now});
+      for (const Placement& p : plan.starts) {
+        auto req = StartLocked(p.job_id, p.slot);
+        if (req.ok()) {
+          launches.push_back(*std::move(req));
+        } else {
+          std::cerr << "ftd: cannot start job " << p.job_id << ": " << req.status() << "; trying again in 1 s"
+                    << std::endl;
+          wake_in(1000);
+        }
+      }
+      if (plan.recheck_at_ms.has_value()) wake_in(*plan.recheck_at_ms - now);
+    }
+  }
+  for (const LaunchRequest& req : launches) Launched(req, launcher_->Launch(req));
+  if (!wait_ms.has_value()) return std::nullopt;
+  return std::chrono::milliseconds(*wait_ms);
 }
 
 void JobManager::Drain(std::chrono::steady_clock::time_point deadline) {
   std::unique_lock<std::mutex> l(mu_);
   draining_ = true;
-  for (auto& [id, r] : running_) {
-    r.drain = true;
-    supervisor_->Stop(r.pid, std::max<int>(0, static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                  deadline - std::chrono::steady_clock::now())
-                                                  .count())));
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+  for (auto& [id, a] : running_) {
+    a.drain = true;
+    if (a.pid > 0) launcher_->Stop(a.pid, std::max(left, std::chrono::milliseconds(0)));
   }
-  cv_.wait_until(l, deadline, [&] { return running_.empty(); });
-  for (auto& [id, r] : running_) Supervisor::Kill(r.pid);
-  cv_.wait_for(l, std::chrono::seconds(2), [&] { return running_.empty(); });
+  exits_cv_.wait_until(l, deadline, [&] { return running_.empty(); });
+  for (auto& [id, a] : running_) {
+    if (a.pid > 0) launcher_->Kill(a.pid);
+  }
+  exits_cv_.wait_for(l, std::chrono::seconds(2), [&] { return running_.empty(); });
 }
 
-void JobManager::Notify() {
-  cv_.notify_all();
-  {
-    std::lock_guard<std::mutex> l(ev_mu_);
-    ++ev_gen_;
+// ---------------------------------------------------------------------------------------------
+// Job records
+
+absl::StatusOr<Job> JobManager::TransitionLocked(const std::string& id,
+                                                 const std::function<absl::Status(Job&)>& change) {
+  ftd::v1::JobState before = ftd::v1::JOB_STATE_UNSPECIFIED;
+  auto job = store_->Update(
+      id,
+      [&](Job& job, std::vector<JobEvent>& events) {
+        before = job.state();
+        if (auto st = change(job); !st.ok()) return st;
+        AppendStateEvents(job, &events);
+        return absl::OkStatus();
+      },
+      clock_->UnixMs());
+  if (!job.ok()) return job;
+  if (before != job->state()) {
+    --counts_[before];
+    ++counts_[job->state()];
+    PublishGaugesLocked();
   }
-  ev_cv_.notify_all();
+  hub_.Publish(id);
+  return job;
 }
+
+void JobManager::PublishGaugesLocked() { metrics_->JobsByState(counts_); }
+
+std::string JobManager::JobDir(const std::string& id) const {
+  return (fs::path(cfg_.data_dir) / "jobs" / id).string();
+}
+
+std::vector<std::string> JobManager::FreeSlotsLocked() const {
+  std::vector<std::string> free;
+  for (const auto& s : slots_) {
+    if (slot_owner_.count(s) == 0) free.push_back(s);
+  }
+  return free;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Client API
 
 absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::Submit(const ftd::v1::SubmitJobRequest& req) {
   {
@@ -171,53 +271,50 @@ absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::Submit(const ftd::v1::Sub
   job.set_max_attempts(req.max_attempts() == 0 ? cfg_.default_max_attempts : req.max_attempts());
   job.set_request_id(req.request_id());
   *job.mutable_spec() = req.spec();
-  auto inserted = store_->Insert(job, NowMs(), cfg_.max_queued);  // the queue limit is checked in its transaction
-  if (!inserted.ok()) return inserted.status();
-  if (inserted->second) {
-    metrics_->JobSubmitted(job.kind());
-    Notify();
-  }
   ftd::v1::SubmitJobResponse resp;
-  *resp.mutable_job() = inserted->first;
-  resp.set_created(inserted->second);
-  if (auto st = Annotate(resp.mutable_job()); !st.ok()) return st;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    // The queue limit is checked in the insert's transaction.
+    auto inserted = store_->Insert(job, clock_->UnixMs(), cfg_.max_queued);
+    if (!inserted.ok()) return inserted.status();
+    if (inserted->second) {
+      queue_.Put(inserted->first);
+      ++counts_[ftd::v1::QUEUED];
+      PublishGaugesLocked();
+      metrics_->JobSubmitted(inserted->first.kind());
+      hub_.Publish(inserted->first.id());
+    }
+    *resp.mutable_job() = inserted->first;
+    resp.set_created(inserted->second);
+    AnnotateLocked(resp.mutable_job());
+  }
+  if (resp.created()) Kick();
   return resp;
 }
 
-absl::Status JobManager::Annotate(Job* job) {
-  if (job->state() != ftd::v1::QUEUED) {
-    job->set_queue_position(0);
-    return absl::OkStatus();
-  }
-  auto queued = store_->JobsInStates({ftd::v1::QUEUED});
-  if (!queued.ok()) return queued.status();
-  int64_t pos = 0;
-  for (const auto& q : *queued) {
-    ++pos;
-    if (q.id() == job->id()) break;
-  }
+// Fills in what only the running daemon knows: the queue position and why a queued job waits.
+void JobManager::AnnotateLocked(Job* job) const {
+  job->set_queue_position(0);
+  if (job->state() != ftd::v1::QUEUED) return;
+  const int64_t pos = queue_.Position(job->id());
   job->set_queue_position(pos);
-  const int64_t now = NowMs();
+  const int64_t now = clock_->UnixMs();
   if (job->not_before_unix_ms() > now) {
     job->set_message(absl::StrCat(job->message(), absl::StrFormat(" (retry in %.1fs)",
                                                                   (job->not_before_unix_ms() - now) / 1000.0)));
-    return absl::OkStatus();
-  }
-  size_t busy;
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    busy = slot_owner_.size();
+    return;
   }
   job->set_reason(cfg_.paused ? "PAUSED" : "WAITING_FOR_SLOT");
-  job->set_message(absl::StrCat(cfg_.paused ? "ftd is paused (--paused): no job starts; " : "", pos - 1, " job(s) ahead in the queue; ", busy, " of ", slots_.size(),
-                                " slot(s) busy"));
-  return absl::OkStatus();
+  job->set_message(absl::StrCat(cfg_.paused ? "ftd is paused (--paused): no job starts; " : "",
+                                std::max<int64_t>(pos - 1, 0), " job(s) ahead in the queue; ", slot_owner_.size(),
+                                " of ", slots_.size(), " slot(s) busy"));
 }
 
 absl::StatusOr<Job> JobManager::Get(const std::string& id) {
   auto job = store_->Get(id);
   if (!job.ok()) return job.status();
-  if (auto st = Annotate(&*job); !st.ok()) return st;
+  std::lock_guard<std::mutex> l(mu_);
+  AnnotateLocked(&*job);
   return job;
 }
 
@@ -244,8 +341,9 @@ absl::StatusOr<ftd::v1::ListJobsResponse> JobManager::List(const ftd::v1::ListJo
   auto jobs = store_->List(f, &next);
   if (!jobs.ok()) return jobs.status();
   ftd::v1::ListJobsResponse resp;
+  std::lock_guard<std::mutex> l(mu_);
   for (auto& j : *jobs) {
-    if (auto st = Annotate(&j); !st.ok()) return st;
+    AnnotateLocked(&j);
     *resp.add_jobs() = std::move(j);
   }
   if (next > 0) resp.set_next_page_token(absl::StrCat(next));
@@ -253,108 +351,75 @@ absl::StatusOr<ftd::v1::ListJobsResponse> JobManager::List(const ftd::v1::ListJo
 }
 
 absl::StatusOr<Job> JobManager::Cancel(const std::string& id) {
-  std::unique_lock<std::mutex> l(mu_);
-  auto it = running_.find(id);
-  if (it != running_.end()) {
-    it->second.cancel = true;
-    supervisor_->Stop(it->second.pid, cfg_.grace_ms);
-    l.unlock();
-    auto job = store_->Update(
-        id,
-        [&](Job& job, std::vector<JobEvent>& events) {
-          if (IsTerminal(job.state())) return absl::OkStatus();  // it ended meanwhile
-          job.set_reason("CANCELLING");
-          job.set_message(absl::StrCat("stopping the worker (SIGTERM, SIGKILL after ", cfg_.grace_ms / 1000.0, "s)"));
-          JobEvent e;
-          *e.mutable_state() = job;
-          events.push_back(e);
-          return absl::OkStatus();
-        },
-        NowMs());
-    Notify();
+  std::lock_guard<std::mutex> l(mu_);
+  if (queue_.Contains(id)) {
+    auto job = TransitionLocked(id, [&](Job& job) {
+      job.set_state(ftd::v1::CANCELLED);
+      job.set_reason(std::string(Info(Reason::kCancelled).code));
+      job.set_message("cancelled while queued");
+      job.set_finished_unix_ms(clock_->UnixMs());
+      job.mutable_result()->set_outcome(RunResult::CANCELLED);
+      job.mutable_result()->set_message(job.message());
+      return absl::OkStatus();
+    });
+    if (!job.ok()) return job.status();
+    queue_.Remove(id);
+    metrics_->JobFinished(ftd::v1::CANCELLED, Info(Reason::kCancelled).code, 0);
     return job;
   }
-  l.unlock();
-  auto job = store_->Update(
-      id,
-      [&](Job& job, std::vector<JobEvent>& events) {
-        if (IsTerminal(job.state())) {
-          return absl::FailedPreconditionError(absl::StrCat("job ", id, " already ", StateLabel(job.state()),
-                                                            "; only queued or running jobs can be cancelled"));
-        }
-        if (job.state() == ftd::v1::RUNNING) {
-          return absl::UnavailableError(absl::StrCat("job ", id, " is starting; try the cancel again"));
-        }
-        job.set_state(ftd::v1::CANCELLED);
-        job.set_reason("CANCELLED");
-        job.set_message("cancelled while queued");
-        job.set_finished_unix_ms(NowMs());
-        job.mutable_result()->set_outcome(RunResult::CANCELLED);
-        job.mutable_result()->set_message(job.message());
-        JobEvent e;
-        *e.mutable_state() = job;
-        events.push_back(e);
-        JobEvent r;
-        *r.mutable_result() = job.result();
-        events.push_back(r);
-        return absl::OkStatus();
-      },
-      NowMs());
-  if (job.ok()) {
-    metrics_->JobFinished(ftd::v1::CANCELLED, "CANCELLED", 0);
-    RefreshStateGauges();
-  }
-  Notify();
-  return job;
-}
-
-absl::StatusOr<std::vector<JobEvent>> JobManager::Events(const std::string& id, int64_t after_seq,
-                                                         std::chrono::milliseconds wait, bool* done) {
-  constexpr int kLimit = 500;
-  uint64_t gen;
-  {
-    std::lock_guard<std::mutex> l(ev_mu_);
-    gen = ev_gen_;
-  }
-  for (int round = 0; round < 2; ++round) {
-    auto job = store_->Get(id);  // state first: every event of a terminal job is already stored
-    if (!job.ok()) return job.status();
-    auto events = store_->Events(id, after_seq, kLimit);
-    if (!events.ok()) return events.status();
-    *done = IsTerminal(job->state()) && events->size() < static_cast<size_t>(kLimit);
-    if (!events->empty() || *done || round == 1) return events;
-    std::unique_lock<std::mutex> l(ev_mu_);
-    ev_cv_.wait_for(l, wait, [&] { return ev_gen_ != gen; });
-  }
-  return std::vector<JobEvent>();
-}
-
-absl::StatusOr<ftd::v1::Assignment> JobManager::Assign(const ftd::v1::WorkerHello& hello) {
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    auto it = running_.find(hello.job_id());
-    if (it == running_.end() || it->second.attempt != hello.attempt() || it->second.token != hello.token()) {
-      return absl::PermissionDeniedError(absl::StrCat("attempt ", hello.attempt(), " of job ", hello.job_id(),
-                                                      " is not the one ftd is running"));
+  auto it = running_.find(id);
+  if (it != running_.end()) {
+    Attempt& a = it->second;
+    if (a.unrecorded.has_value()) {
+      return absl::UnavailableError(absl::StrCat("job ", id, " has ended but ftd could not record its outcome yet (",
+                                                 "see its log); try again later"));
     }
-    it->second.last_seen = std::chrono::steady_clock::now();
+    a.cancel = true;
+    if (a.pid > 0) launcher_->Stop(a.pid, std::chrono::milliseconds(cfg_.grace_ms));  // else: once launched
+    return TransitionLocked(id, [&](Job& job) {
+      job.set_reason("CANCELLING");
+      job.set_message(absl::StrCat("stopping the worker (SIGTERM, SIGKILL after ", cfg_.grace_ms / 1000.0, "s)"));
+      return absl::OkStatus();
+    });
   }
-  auto job = store_->Get(hello.job_id());
+  auto job = store_->Get(id);
   if (!job.ok()) return job.status();
-  ftd::v1::Assignment a;
-  a.set_job_id(job->id());
-  a.set_name(job->name());
-  *a.mutable_spec() = job->spec();
-  a.set_checkpoint_dir((fs::path(cfg_.data_dir) / "jobs" / job->id() / "checkpoints").string());
-  if (job->kind() == ftd::v1::PROFILE) {
-    a.set_profile(true);
-    a.set_trace_path(TracePathOf(job->id()));
+  if (IsTerminal(job->state())) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", id, " already ", StateLabel(job->state()),
+                                                      "; only queued or running jobs can be cancelled"));
   }
-  return a;
+  return absl::InternalError(absl::StrCat("job ", id, " is ", ftd::v1::JobState_Name(job->state()),
+                                          " in the database but neither queued nor running in ftd"));
 }
 
-std::string JobManager::TracePathOf(const std::string& id) const {
-  return (fs::path(cfg_.data_dir) / "jobs" / id / "trace.json").string();
+JobManager::Watch::Watch(JobManager* m, std::string id, int64_t after_seq)
+    : m_(m), id_(std::move(id)), after_(after_seq), sub_(m->hub_.Subscribe(id_)) {}
+
+absl::StatusOr<std::unique_ptr<JobManager::Watch>> JobManager::WatchJob(const std::string& id, int64_t after_seq) {
+  if (after_seq < 0) return absl::InvalidArgumentError("after_seq must be >= 0");
+  return std::unique_ptr<Watch>(new Watch(this, id, after_seq));
+}
+
+absl::StatusOr<std::vector<JobEvent>> JobManager::Watch::Next(std::chrono::milliseconds max_wait, bool* done) {
+  constexpr int kLimit = kMaxEventsPerRead;
+  const auto deadline = std::chrono::steady_clock::now() + max_wait;
+  *done = false;
+  for (;;) {
+    if (reread_) {
+      auto job = m_->store_->Get(id_);  // state first: every event of a terminal job is already stored
+      if (!job.ok()) return job.status();
+      auto events = m_->store_->Events(id_, after_, kLimit);
+      if (!events.ok()) return events.status();
+      *done = IsTerminal(job->state()) && events->size() < static_cast<size_t>(kLimit);
+      if (!events->empty() || *done) {
+        if (!events->empty()) after_ = events->back().seq();
+        return events;
+      }
+      reread_ = false;
+    }
+    if (!sub_->WaitForNew(deadline)) return std::vector<JobEvent>();
+    reread_ = true;
+  }
 }
 
 absl::StatusOr<std::string> JobManager::TracePath(const std::string& id) {
@@ -364,7 +429,7 @@ absl::StatusOr<std::string> JobManager::TracePath(const std::string& id) {
     return absl::FailedPreconditionError(absl::StrCat("job ", id, " is a ", ftd::v1::JobKind_Name(job->kind()),
                                                       " job; only PROFILE jobs have a trace (ftctl submit --kind profile)"));
   }
-  const std::string path = TracePathOf(id);
+  const std::string path = (fs::path(JobDir(id)) / "trace.json").string();
   std::error_code ec;
   if (!job->has_profile() || !fs::exists(path, ec)) {
     return absl::NotFoundError(absl::StrCat("job ", id, " has no trace yet (", ftd::v1::JobState_Name(job->state()),
@@ -373,280 +438,207 @@ absl::StatusOr<std::string> JobManager::TracePath(const std::string& id) {
   return path;
 }
 
-absl::StatusOr<bool> JobManager::OnWorkerMessage(const ftd::v1::WorkerMessage& msg) {
-  const auto& hello = msg.hello();
-  std::string slot, kernel_set;
-  double energy_delta_j = 0;
-  int64_t steps_delta = 0, tokens_delta = 0;
-  bool cancel;
+// ---------------------------------------------------------------------------------------------
+// Attempts: start, worker messages, exit
+
+absl::StatusOr<LaunchRequest> JobManager::StartLocked(const std::string& job_id, const std::string& slot) {
+  const int64_t now = clock_->UnixMs();
+  auto job = TransitionLocked(job_id, [&](Job& job) {
+    if (job.state() != ftd::v1::QUEUED) return absl::FailedPreconditionError("no longer queued");
+    job.set_state(ftd::v1::RUNNING);
+    job.set_attempt(job.attempt() + 1);
+    job.set_slot(slot);
+    job.set_started_unix_ms(now);
+    job.set_reason("RUNNING");
+    job.set_message(absl::StrCat("attempt ", job.attempt(), " of ", job.max_attempts(), " on ", slot));
+    job.set_queue_position(0);
+    return absl::OkStatus();
+  });
+  if (!job.ok()) return job.status();
+  queue_.Remove(job_id);
+  metrics_->QueueWait((now - std::max(job->created_unix_ms(), job->not_before_unix_ms())) / 1000.0);
+  Attempt a;
+  a.job_id = job_id;
+  a.token = RandomToken();
+  a.slot = slot;
+  auto config = ftd::spec::ToTrainConfig(job->spec());
+  a.kernel_set = config.ok() ? config->Kernels().Label() : "eager";
+  a.attempt = job->attempt();
+  a.totals.step = job->last_step().step();
+  a.totals.tokens = job->last_step().tokens_total();
+  a.started_ms = now;
+  a.last_seen_ms = clock_->SteadyMs();
+  running_[job_id] = a;
+  slot_owner_[slot] = job_id;
+  return LaunchRequest{job_id, a.attempt, a.token, slot};
+}
+
+void JobManager::Launched(const LaunchRequest& req, const absl::StatusOr<int64_t>& pid) {
+  bool kick = false;
   {
     std::lock_guard<std::mutex> l(mu_);
-    auto it = running_.find(hello.job_id());
-    if (it == running_.end() || it->second.attempt != hello.attempt() || it->second.token != hello.token()) {
+    LaunchedLocked(req, pid, &kick);
+  }
+  if (kick) Kick();  // its slot is free again
+}
+
+void JobManager::LaunchedLocked(const LaunchRequest& req, const absl::StatusOr<int64_t>& pid, bool* kick) {
+  auto it = running_.find(req.job_id);
+  if (it == running_.end() || it->second.attempt != req.attempt || it->second.pid != 0) return;  // ended already
+  Attempt& a = it->second;
+  if (!pid.ok()) {
+    WorkerEnd end;
+    end.cancel = a.cancel;
+    end.drain = a.drain;
+    end.started = false;
+    end.start_error = std::string(pid.status().message());
+    FinishLocked(a, end);
+    *kick = true;
+    return;
+  }
+  a.pid = *pid;
+  a.last_seen_ms = clock_->SteadyMs();
+  if (a.cancel || a.drain) launcher_->Stop(a.pid, std::chrono::milliseconds(cfg_.grace_ms));
+  auto st = store_->Update(
+      a.job_id,
+      [&](Job& j, std::vector<JobEvent>&) {
+        j.set_worker_pid(a.pid);
+        return absl::OkStatus();
+      },
+      clock_->UnixMs());
+  if (!st.ok()) std::cerr << "ftd: cannot record the worker pid of " << a.job_id << ": " << st.status() << std::endl;
+}
+
+JobManager::Attempt* JobManager::FindLocked(const std::string& job_id, int attempt, const std::string& token) {
+  auto it = running_.find(job_id);
+  if (it == running_.end() || it->second.attempt != attempt || it->second.token != token ||
+      it->second.unrecorded.has_value()) {
+    return nullptr;
+  }
+  return &it->second;
+}
+
+absl::StatusOr<ftd::v1::Assignment> JobManager::Assign(const ftd::v1::WorkerHello& hello) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    Attempt* a = FindLocked(hello.job_id(), hello.attempt(), hello.token());
+    if (a == nullptr) {
       return absl::PermissionDeniedError(absl::StrCat("attempt ", hello.attempt(), " of job ", hello.job_id(),
                                                       " is not the one ftd is running"));
     }
-    Running& r = it->second;
-    r.last_seen = std::chrono::steady_clock::now();
-    if (msg.has_result()) {
-      r.has_result = true;
-      r.result = msg.result();
-    }
-    slot = r.slot;
-    kernel_set = r.kernel_set;
-    cancel = r.cancel || r.drain;
-    if (msg.has_step()) {
-      steps_delta = std::max<int64_t>(0, msg.step().step() - r.reported_step);
-      tokens_delta = std::max<int64_t>(0, msg.step().tokens_total() - r.reported_tokens);
-      r.reported_step = std::max(r.reported_step, msg.step().step());
-      r.reported_tokens = std::max(r.reported_tokens, msg.step().tokens_total());
-    }
-    if (msg.has_step() && msg.step().nvml_available()) {
-      energy_delta_j = std::max(0.0, msg.step().energy_total_j() - r.energy_reported_j);
-      r.energy_reported_j = std::max(r.energy_reported_j, msg.step().energy_total_j());
-    }
+    a->last_seen_ms = clock_->SteadyMs();
   }
+  auto job = store_->Get(hello.job_id());
+  if (!job.ok()) return job.status();
+  ftd::v1::Assignment as;
+  as.set_job_id(job->id());
+  as.set_name(job->name());
+  *as.mutable_spec() = job->spec();
+  as.set_checkpoint_dir((fs::path(JobDir(job->id())) / "checkpoints").string());
+  if (job->kind() == ftd::v1::PROFILE) {
+    as.set_profile(true);
+    as.set_trace_path((fs::path(JobDir(job->id())) / "trace.json").string());
+  }
+  return as;
+}
+
+absl::StatusOr<bool> JobManager::OnWorkerMessage(const ftd::v1::WorkerMessage& msg) {
+  const auto& hello = msg.hello();
+  std::lock_guard<std::mutex> l(mu_);
+  Attempt* a = FindLocked(hello.job_id(), hello.attempt(), hello.token());
+  if (a == nullptr) {
+    return absl::PermissionDeniedError(absl::StrCat("attempt ", hello.attempt(), " of job ", hello.job_id(),
+                                                    " is not the one ftd is running"));
+  }
+  a->last_seen_ms = clock_->SteadyMs();
+  if (msg.has_result()) a->result = msg.result();
   if (msg.has_step() || msg.has_log() || msg.has_profile()) {
     JobEvent e;
     if (msg.has_step()) {
       *e.mutable_step() = msg.step();
-      metrics_->Step(slot, kernel_set, msg.step(), steps_delta, tokens_delta, energy_delta_j);
+      metrics_->Step(a->slot, a->kernel_set, msg.step(), a->totals.Advance(msg.step()));
     } else if (msg.has_profile()) {
       *e.mutable_profile() = msg.profile();
-      metrics_->Profile(kernel_set, msg.profile());
+      metrics_->Profile(a->kernel_set, msg.profile());
     } else {
       e.set_log(msg.log());
     }
-    if (auto st = store_->AppendEvent(hello.job_id(), e, NowMs()); !st.ok()) return st;
-    Notify();
+    if (auto st = store_->AppendEvent(hello.job_id(), e, clock_->UnixMs()); !st.ok()) return st;
+    hub_.Publish(hello.job_id());
   }
-  return cancel;
+  return a->cancel || a->drain;
 }
 
-void JobManager::Loop() {
-  auto last_gauges = std::chrono::steady_clock::now();
-  std::unique_lock<std::mutex> l(mu_);
-  while (!stopping_) {
-    ScheduleLocked();
-    const auto now = std::chrono::steady_clock::now();
-    for (auto& [id, r] : running_) {
-      if (!r.lost && now - r.last_seen > std::chrono::milliseconds(cfg_.heartbeat_timeout_ms)) {
-        r.lost = true;
-        Supervisor::Kill(r.pid);
-      }
-    }
-    if (now - last_gauges > std::chrono::seconds(1)) {
-      l.unlock();
-      RefreshStateGauges();
-      l.lock();
-      last_gauges = now;
-    }
-    cv_.wait_for(l, std::chrono::milliseconds(100));
-  }
-}
-
-void JobManager::ScheduleLocked() {
-  if (cfg_.paused || draining_ || stopping_ || slot_owner_.size() == slots_.size()) return;
-  auto queued = store_->JobsInStates({ftd::v1::QUEUED});
-  if (!queued.ok()) return;
-  const int64_t now = NowMs();
-  for (const Job& job : *queued) {
-    if (job.not_before_unix_ms() > now) continue;
-    std::string free;
-    for (const auto& s : slots_) {
-      if (slot_owner_.count(s) == 0) {
-        free = s;
-        break;
-      }
-    }
-    if (free.empty()) return;
-    (void)StartLocked(job, free);
-  }
-}
-
-absl::Status JobManager::StartLocked(const Job& queued, const std::string& slot) {
-  const std::string token = RandomToken();
-  const int64_t now = NowMs();
-  auto job = store_->Update(
-      queued.id(),
-      [&](Job& job, std::vector<JobEvent>& events) {
-        if (job.state() != ftd::v1::QUEUED) return absl::FailedPreconditionError("no longer queued");
-        job.set_state(ftd::v1::RUNNING);
-        job.set_attempt(job.attempt() + 1);
-        job.set_slot(slot);
-        job.set_started_unix_ms(now);
-        job.set_reason("RUNNING");
-        job.set_message(absl::StrCat("attempt ", job.attempt(), " of ", job.max_attempts(), " on ", slot));
-        job.set_queue_position(0);
-        JobEvent e;
-        *e.mutable_state() = job;
-        events.push_back(e);
-        return absl::OkStatus();
-      },
-      now);
-  if (!job.ok()) return job.status();
-  metrics_->QueueWait((now - std::max(job->created_unix_ms(), job->not_before_unix_ms())) / 1000.0);
-  const fs::path dir = fs::path(cfg_.data_dir) / "jobs" / job->id();
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  SpawnRequest req;
-  req.binary = cfg_.worker_binary;
-  req.args = {"agent", "--address", cfg_.worker_address, "--job", job->id(), "--attempt", absl::StrCat(job->attempt()),
-              "--token", token};
-  req.log_path = (dir / "worker.log").string();
-  if (slot.rfind("gpu:", 0) == 0) req.env.emplace_back("CUDA_VISIBLE_DEVICES", slot.substr(4));
-  req.env.emplace_back("FTD_SLOT", slot);
-  Running r;
-  r.job_id = job->id();
-  r.token = token;
-  r.slot = slot;
-  auto config = ftd::spec::ToTrainConfig(job->spec());
-  r.kernel_set = config.ok() ? config->Kernels().Label() : "eager";
-  r.attempt = job->attempt();
-  r.reported_step = job->last_step().step();
-  r.reported_tokens = job->last_step().tokens_total();
-  r.last_seen = std::chrono::steady_clock::now();
-  r.started_ms = now;
-  auto pid = supervisor_->Spawn(req);
-  if (!pid.ok()) {
-    Finish(r, ExitStatus{false, 127, 0});
-    return pid.status();
-  }
-  r.pid = *pid;
-  running_[r.job_id] = r;
-  slot_owner_[slot] = r.job_id;
-  (void)store_->Update(
-      r.job_id,
-      [&](Job& j, std::vector<JobEvent>&) {
-        j.set_worker_pid(*pid);
-        return absl::OkStatus();
-      },
-      NowMs());
-  Notify();
-  return absl::OkStatus();
-}
-
-void JobManager::OnExit(pid_t pid, ExitStatus st) {
-  Running r;
+void JobManager::OnWorkerExit(const std::string& job_id, int attempt, ExitStatus st) {
   {
     std::lock_guard<std::mutex> l(mu_);
-    auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& kv) { return kv.second.pid == pid; });
-    if (it == running_.end()) return;
-    r = it->second;
-    slot_owner_.erase(r.slot);
-    running_.erase(it);
+    auto it = running_.find(job_id);
+    if (it == running_.end() || it->second.attempt != attempt) return;
+    Attempt& a = it->second;
+    WorkerEnd end;
+    end.drain = a.drain;
+    end.cancel = a.cancel;
+    end.heartbeat_lost = a.lost;
+    end.result = a.result;
+    end.exit = st;
+    FinishLocked(a, end);
   }
-  Finish(r, st);
-  metrics_->SlotIdle(r.slot);
-  RefreshStateGauges();
-  Notify();
+  Kick();
 }
 
-void JobManager::Finish(const Running& r, ExitStatus st) {
-  using ftd::v1::JobState;
-  JobState state = ftd::v1::FAILED;
-  std::string reason, message;
-  bool infra = false, requeue_free = false;
-  const std::string exit_text =
-      st.signaled ? absl::StrCat("killed by signal ", SignalName(st.signal)) : absl::StrCat("exit code ", st.code);
-  if (r.drain) {
-    state = ftd::v1::QUEUED;
-    reason = "DAEMON_SHUTDOWN";
-    message = absl::StrCat("ftd shut down while attempt ", r.attempt, " ran (worker ", exit_text, "); requeued");
-    requeue_free = true;
-  } else if (r.cancel) {
-    state = ftd::v1::CANCELLED;
-    reason = "CANCELLED";
-    message = absl::StrCat("cancelled on request; worker stopped (", exit_text, ")");
-  } else if (r.has_result && r.result.outcome() == RunResult::SUCCEEDED && !st.signaled && st.code == 0) {
-    state = ftd::v1::SUCCEEDED;
-    reason = "SUCCEEDED";
-    message = r.result.message();
-  } else if (r.has_result && r.result.outcome() == RunResult::OUT_OF_MEMORY) {
-    reason = "GPU_OUT_OF_MEMORY";
-    message = r.result.message();
-  } else if (r.has_result && r.result.outcome() == RunResult::INVALID_SPEC) {
-    reason = "INVALID_SPEC";
-    message = r.result.message();
-  } else if (r.has_result && r.result.outcome() == RunResult::NON_FINITE) {
-    reason = "NON_FINITE";
-    message = r.result.message();
-  } else if (r.has_result && r.result.outcome() == RunResult::FAILED) {
-    reason = "WORKER_ERROR";
-    message = absl::StrCat(r.result.message(), " (worker ", exit_text, ")");
-  } else if (r.lost) {
-    reason = "LOST_HEARTBEAT";
-    message = absl::StrCat("no message from the worker for ", cfg_.heartbeat_timeout_ms / 1000.0,
-                           "s; its process group was killed");
-    infra = true;
-  } else if (st.signaled) {
-    reason = "KILLED_BY_SIGNAL";
-    message = absl::StrCat("worker ", exit_text);
-    infra = true;
-  } else if (st.code == 127 && r.pid == 0) {
-    reason = "SPAWN_FAILED";
-    message = absl::StrCat("could not start ", cfg_.worker_binary);
-    infra = true;
-  } else {
-    reason = "WORKER_EXIT";
-    message = absl::StrCat("worker ended with ", exit_text, " before reporting a result");
-    infra = true;
-  }
-  const int64_t now = NowMs();
+bool JobManager::FinishLocked(Attempt& a, const WorkerEnd& end) {
+  const Verdict v = Classify(end, a.attempt, cfg_.heartbeat_timeout_ms / 1000.0);
+  const ReasonInfo& info = Info(v.reason);
+  const int64_t now = clock_->UnixMs();
   bool retried = false;
-  auto job = store_->Update(
-      r.job_id,
-      [&](Job& job, std::vector<JobEvent>& events) {
-        job.set_worker_pid(0);
-        job.set_reason(reason);
-        if (infra && job.attempt() < job.max_attempts()) {
-          const int64_t backoff =
-              std::min<int64_t>(cfg_.backoff_max_ms, static_cast<int64_t>(cfg_.backoff_base_ms) << (job.attempt() - 1));
-          job.set_state(ftd::v1::QUEUED);
-          job.set_not_before_unix_ms(now + backoff);
-          job.set_message(absl::StrCat("attempt ", job.attempt(), " of ", job.max_attempts(), " failed: ", message,
-                                       "; retrying"));
-          retried = true;
-        } else if (requeue_free) {
-          job.set_state(ftd::v1::QUEUED);
-          job.set_max_attempts(job.max_attempts() + 1);  // a shutdown is not the job's failure
-          job.set_message(message);
-        } else {
-          job.set_state(state);
-          job.set_finished_unix_ms(now);
-          job.set_message(infra ? absl::StrCat(message, " (attempt ", job.attempt(), " of ", job.max_attempts(),
-                                               "; no retries left)")
-                                : message);
-          RunResult res = r.has_result ? r.result : RunResult();
-          if (!r.has_result || state == ftd::v1::CANCELLED) {
-            res.set_outcome(state == ftd::v1::CANCELLED ? RunResult::CANCELLED : RunResult::FAILED);
-            res.set_message(job.message());
-          }
-          *job.mutable_result() = res;
-        }
-        JobEvent e;
-        *e.mutable_state() = job;
-        events.push_back(e);
-        if (IsTerminal(job.state())) {
-          JobEvent rr;
-          *rr.mutable_result() = job.result();
-          events.push_back(rr);
-        }
-        return absl::OkStatus();
-      },
-      now);
-  if (!job.ok()) return;
-  if (retried) metrics_->Retry(reason);
-  if (IsTerminal(job->state())) metrics_->JobFinished(job->state(), reason, (now - r.started_ms) / 1000.0);
-}
-
-void JobManager::RefreshStateGauges() {
-  std::map<ftd::v1::JobState, int64_t> counts;
-  for (auto s : {ftd::v1::QUEUED, ftd::v1::RUNNING, ftd::v1::SUCCEEDED, ftd::v1::FAILED, ftd::v1::CANCELLED}) {
-    auto n = store_->CountInState(s);
-    if (n.ok()) counts[s] = *n;
+  auto job = TransitionLocked(a.job_id, [&](Job& job) {
+    job.set_worker_pid(0);
+    job.set_reason(std::string(info.code));
+    if (info.retry == Retry::kWhileAttemptsLeft && job.attempt() < job.max_attempts()) {
+      job.set_state(ftd::v1::QUEUED);
+      job.set_not_before_unix_ms(now + RetryDelayMs(job.attempt(), cfg_.backoff_base_ms, cfg_.backoff_max_ms));
+      job.set_message(absl::StrCat("attempt ", job.attempt(), " of ", job.max_attempts(), " failed: ", v.message,
+                                   "; retrying"));
+      retried = true;
+    } else if (info.retry == Retry::kFree) {
+      job.set_state(ftd::v1::QUEUED);
+      job.set_max_attempts(job.max_attempts() + 1);  // not the job's failure: the attempt does not count
+      job.set_message(v.message);
+    } else {
+      job.set_state(info.final_state);
+      job.set_finished_unix_ms(now);
+      job.set_message(info.retry == Retry::kWhileAttemptsLeft
+                          ? absl::StrCat(v.message, " (attempt ", job.attempt(), " of ", job.max_attempts(),
+                                         "; no retries left)")
+                          : v.message);
+      // The worker's own result where it decided the outcome; otherwise one that says what happened.
+      RunResult res;
+      if (v.from_report && end.result.has_value()) {
+        res = *end.result;
+      } else {
+        if (end.result.has_value()) res = *end.result;  // keeps steps_done and the last checkpoint
+        res.set_outcome(info.final_state == ftd::v1::CANCELLED ? RunResult::CANCELLED : RunResult::FAILED);
+        res.set_message(job.message());
+      }
+      *job.mutable_result() = res;
+    }
+    return absl::OkStatus();
+  });
+  if (!job.ok()) {
+    // The truth stays here (the attempt keeps its slot) and Tick() writes it once the store takes it.
+    std::cerr << "ftd: CANNOT RECORD the outcome of job " << a.job_id << " (" << info.code << ": " << v.message
+              << "): " << job.status() << "; keeping it in memory and trying again" << std::endl;
+    a.unrecorded = end;
+    return false;
   }
-  metrics_->JobsByState(counts);
+  if (retried) metrics_->Retry(info.code);
+  if (job->state() == ftd::v1::QUEUED) queue_.Put(*job);
+  if (IsTerminal(job->state())) metrics_->JobFinished(job->state(), info.code, (now - a.started_ms) / 1000.0);
+  metrics_->SlotIdle(a.slot);
+  slot_owner_.erase(a.slot);
+  running_.erase(a.job_id);  // `a` is gone from here on
+  exits_cv_.notify_all();
+  return true;
 }
 
 }  // namespace ftd::server

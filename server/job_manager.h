@@ -1,15 +1,24 @@
-// The job service's logic, without gRPC: validation of submissions, the queue (priority, then
-// submission order), one worker per slot (each GPU, or one CPU slot), worker supervision and the
-// classification of every exit, retries for infrastructure failures, cancel, and the event log
-// clients watch. Handlers in service.cc translate to and from gRPC and call this class.
+// The job service's logic, without gRPC: it keeps the store, the in-memory queue and the running
+// attempts in agreement. Each concern it uses is a piece of its own:
+//   JobQueue (job_queue.h)             queued jobs in order, positions in O(log n)
+//   Schedule (scheduling_policy.h)     which queued jobs start now, on which slot
+//   WorkerLauncher (worker_launcher.h) starting and stopping workers; tells when one is gone
+//   Classify (exit_classification.h)   how an attempt ended -> reason, retry or final state
+//   AppendStateEvents (job_events.h)   what a state change writes to the event log
+//   EventHub (event_hub.h)             wakes a job's watchers on new events
+//   Clock (clock.h)                    time, injected
+// Every change of a job's record happens under mu_, in one store transaction with its events.
+// Nothing polls: the scheduling thread runs Tick() when woken (submit, a worker's exit, a freed
+// slot) or at the next deadline it asked for (a retry's backoff, a heartbeat timeout). Tests inject
+// the launcher and the clock and call Tick() themselves.
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -17,16 +26,18 @@
 #include "absl/status/statusor.h"
 #include "ftd/v1/jobs.pb.h"
 #include "ftd/v1/worker.pb.h"
+#include "server/clock.h"
+#include "server/event_hub.h"
+#include "server/exit_classification.h"
+#include "server/job_queue.h"
 #include "server/metrics.h"
 #include "server/store.h"
-#include "server/supervisor.h"
+#include "server/worker_launcher.h"
 
 namespace ftd::server {
 
 struct ManagerConfig {
-  std::string data_dir;                 // jobs/<id>/{worker.log,checkpoints}
-  std::string worker_binary;            // ftd-worker
-  std::string worker_address;           // "unix:<data_dir>/worker.sock", given to workers
+  std::string data_dir;                 // jobs/<id>/{checkpoints,trace.json}
   int gpus = 0;                         // GPU slots; 0: one CPU slot
   int max_queued = 1000;                // RESOURCE_EXHAUSTED beyond
   int default_max_attempts = 3;
@@ -40,11 +51,18 @@ struct ManagerConfig {
 
 class JobManager {
  public:
-  JobManager(ManagerConfig cfg, Store* store, Metrics* metrics);
+  // `store`, `metrics`, `launcher` and `clock` outlive the manager.
+  JobManager(ManagerConfig cfg, Store* store, Metrics* metrics, WorkerLauncher* launcher, const Clock* clock);
   ~JobManager();
 
-  // Recovers jobs left RUNNING by a previous daemon (per policy) and starts scheduling.
+  // Applies the restart policy to jobs a previous daemon left RUNNING and loads the queue from the
+  // store. Start() does this, then starts the scheduling thread.
+  absl::Status Recover();
   absl::Status Start();
+  // One scheduling round: marks silent workers lost (and kills them), records outcomes that could not
+  // be written before, starts what the policy says. Returns how long until it wants to run again
+  // (nullopt: only when woken).
+  std::optional<std::chrono::milliseconds> Tick();
   // Stops taking work, asks running workers to stop (they checkpoint), requeues their jobs, and
   // waits for them until `deadline`; kills what is left.
   void Drain(std::chrono::steady_clock::time_point deadline);
@@ -53,10 +71,26 @@ class JobManager {
   absl::StatusOr<ftd::v1::Job> Get(const std::string& id);
   absl::StatusOr<ftd::v1::ListJobsResponse> List(const ftd::v1::ListJobsRequest& req);
   absl::StatusOr<ftd::v1::Job> Cancel(const std::string& id);
-  // Events after `after_seq`; waits up to `wait` for some when there are none yet. *done is set
-  // once the job is terminal and every event has been returned.
-  absl::StatusOr<std::vector<ftd::v1::JobEvent>> Events(const std::string& id, int64_t after_seq,
-                                                        std::chrono::milliseconds wait, bool* done);
+
+  // One client's watch of a job's event log.
+  class Watch {
+   public:
+    // Events after the last one returned (or after `after_seq`), waiting up to `max_wait` for some
+    // when there are none. *done is set once the job is terminal and every event has been returned.
+    absl::StatusOr<std::vector<ftd::v1::JobEvent>> Next(std::chrono::milliseconds max_wait, bool* done);
+
+   private:
+    friend class JobManager;
+    Watch(JobManager* m, std::string id, int64_t after_seq);
+    JobManager* m_;
+    std::string id_;
+    int64_t after_;
+    std::unique_ptr<EventHub::Subscription> sub_;
+    bool reread_ = true;  // the log may hold events not yet returned
+  };
+  absl::StatusOr<std::unique_ptr<Watch>> WatchJob(const std::string& id, int64_t after_seq);
+  // Ends every wait of every watch (the daemon is stopping).
+  void CloseWatches() { hub_.Shutdown(); }
 
   // A PROFILE job's Chrome trace file, once written (NOT_FOUND before; FAILED_PRECONDITION for other kinds).
   absl::StatusOr<std::string> TracePath(const std::string& id);
@@ -69,49 +103,55 @@ class JobManager {
   int slots() const { return static_cast<int>(slots_.size()); }
 
  private:
-  struct Running {
+  // A started attempt, from the moment its slot is taken until its outcome is recorded.
+  struct Attempt {
     std::string job_id, token, slot, kernel_set;
     int attempt = 0;
-    pid_t pid = 0;
-    std::chrono::steady_clock::time_point last_seen;
-    int64_t started_ms = 0;
-    bool has_result = false;
-    ftd::v1::RunResult result;
-    bool cancel = false, lost = false, drain = false;
-    double energy_reported_j = 0;  // the worker's energy_total_j already added to the counter
-    int64_t reported_step = 0;     // the job's step and tokens already counted in the metrics (a
-    int64_t reported_tokens = 0;   // report covers log_every steps; a resumed attempt starts here)
+    int64_t pid = 0;              // 0 while the launcher is starting it
+    int64_t started_ms = 0;       // unix ms
+    int64_t last_seen_ms = 0;     // steady ms of the last message (or of the launch)
+    bool cancel = false, drain = false, lost = false;
+    std::optional<ftd::v1::RunResult> result;
+    StepTotals totals;            // what its reports added to the metrics so far
+    std::optional<WorkerEnd> unrecorded;  // ended, but the outcome is not in the store yet
   };
-  std::string TracePathOf(const std::string& id) const;
 
+  absl::StatusOr<ftd::v1::Job> TransitionLocked(const std::string& id,
+                                                const std::function<absl::Status(ftd::v1::Job&)>& change);
+  absl::StatusOr<LaunchRequest> StartLocked(const std::string& job_id, const std::string& slot);
+  void Launched(const LaunchRequest& req, const absl::StatusOr<int64_t>& pid);
+  void LaunchedLocked(const LaunchRequest& req, const absl::StatusOr<int64_t>& pid, bool* kick);
+  void OnWorkerExit(const std::string& job_id, int attempt, ExitStatus st);
+  // Records the attempt's outcome; on success removes it and frees its slot.
+  bool FinishLocked(Attempt& a, const WorkerEnd& end);
+  Attempt* FindLocked(const std::string& job_id, int attempt, const std::string& token);
+  void AnnotateLocked(ftd::v1::Job* job) const;
+  std::vector<std::string> FreeSlotsLocked() const;
+  void PublishGaugesLocked();
+  void Kick();
   void Loop();
-  void ScheduleLocked();
-  absl::Status StartLocked(const ftd::v1::Job& job, const std::string& slot);
-  void OnExit(pid_t pid, ExitStatus st);
-  void Finish(const Running& r, ExitStatus st);
-  void Notify();
-  void RefreshStateGauges();
-  absl::Status Annotate(ftd::v1::Job* job);
+  std::string JobDir(const std::string& id) const;
 
-  ManagerConfig cfg_;
-  Store* store_;
-  Metrics* metrics_;
+  const ManagerConfig cfg_;
+  Store* const store_;
+  Metrics* const metrics_;
+  WorkerLauncher* const launcher_;
+  const Clock* const clock_;
   std::vector<std::string> slots_;
-  std::unique_ptr<Supervisor> supervisor_;
+  EventHub hub_;
 
-  std::mutex mu_;
-  std::condition_variable cv_;          // scheduling loop
-  std::map<std::string, Running> running_;  // by job id
+  mutable std::mutex mu_;
+  std::condition_variable exits_cv_;          // an attempt was removed (Drain waits on it)
+  JobQueue queue_;
+  std::map<std::string, Attempt> running_;    // by job id
   std::map<std::string, std::string> slot_owner_;  // slot -> job id
-  bool stopping_ = false;
+  std::map<ftd::v1::JobState, int64_t> counts_;    // jobs in the store by state (the ftd_jobs gauge)
   bool draining_ = false;
+
+  std::mutex loop_mu_;
+  std::condition_variable loop_cv_;
+  bool kicked_ = false, stopping_ = false;
   std::thread loop_;
-
-  std::mutex ev_mu_;
-  std::condition_variable ev_cv_;       // new events for watchers
-  uint64_t ev_gen_ = 0;
 };
-
-int64_t NowMs();
 
 }  // namespace ftd::server

@@ -21,6 +21,7 @@
 #include "server/metrics.h"
 #include "server/service.h"
 #include "server/store.h"
+#include "server/worker_launcher.h"
 
 namespace fs = std::filesystem;
 
@@ -110,10 +111,10 @@ int main(int argc, char** argv) {
   }
   ftd::server::ManagerConfig mc;
   mc.data_dir = data_dir;
-  mc.worker_binary = worker;
   const std::string sock = (fs::path(data_dir) / "worker.sock").string();
   fs::remove(sock, ec);
-  mc.worker_address = "unix:" + sock;
+  ftd::server::ProcessLauncher launcher({worker, "unix:" + sock, (fs::path(data_dir) / "jobs").string()});
+  ftd::server::RealClock clock;
   mc.gpus = gpus >= 0 ? gpus : DetectGpus();
   mc.max_queued = max_queued;
   mc.default_max_attempts = max_attempts;
@@ -122,7 +123,7 @@ int main(int argc, char** argv) {
   mc.backoff_base_ms = static_cast<int>(backoff_s * 1000);
   mc.requeue_on_restart = restart_policy == "requeue";
   mc.paused = paused;
-  ftd::server::JobManager manager(mc, store->get(), &metrics);
+  ftd::server::JobManager manager(mc, store->get(), &metrics, &launcher, &clock);
 
   std::atomic<bool> stopping{false};
   ftd::server::JobServiceImpl jobs(&manager, &stopping);
@@ -141,11 +142,11 @@ int main(int argc, char** argv) {
     return 1;
   }
   grpc::ServerBuilder priv;
-  priv.AddListeningPort(mc.worker_address, grpc::InsecureServerCredentials());
+  priv.AddListeningPort("unix:" + sock, grpc::InsecureServerCredentials());
   priv.RegisterService(&workers);
   std::unique_ptr<grpc::Server> worker_server = priv.BuildAndStart();
   if (worker_server == nullptr) {
-    std::cerr << "ftd: cannot listen on " << mc.worker_address << "\n";
+    std::cerr << "ftd: cannot listen on unix:" << sock << "\n";
     return 1;
   }
   fs::permissions(sock, fs::perms::owner_read | fs::perms::owner_write, ec);
@@ -161,6 +162,7 @@ int main(int argc, char** argv) {
   sigwait(&sigs, &sig);
   std::cerr << "ftd: signal " << sig << ": draining (up to " << drain_s << " s)" << std::endl;
   stopping.store(true);
+  manager.CloseWatches();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int>(drain_s * 1000));
   manager.Drain(deadline);
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));

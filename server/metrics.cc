@@ -1,6 +1,10 @@
 #include "server/metrics.h"
 
+#include <algorithm>
 #include <cctype>
+
+#include "server/exit_classification.h"
+#include "server/store.h"
 
 namespace ftd::server {
 
@@ -21,7 +25,8 @@ const char* StateLabel(ftd::v1::JobState s) {
 
 namespace {
 
-std::string Lower(std::string s) {
+std::string Lower(std::string_view v) {
+  std::string s(v);
   for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return s;
 }
@@ -55,15 +60,23 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
   // Every series of the closed label sets exists from the start at 0, so rate() and increase() see
   // a job's first failure (a series born at 1 has no increase to see).
   for (const char* kind : {"finetune", "profile"}) submissions_->Add({{"kind", kind}});
-  completions_->Add({{"state", "succeeded"}, {"outcome", "succeeded"}});
-  completions_->Add({{"state", "cancelled"}, {"outcome", "cancelled"}});
-  for (const char* outcome : {"invalid_spec", "gpu_out_of_memory", "non_finite", "worker_error", "killed_by_signal",
-                              "worker_exit", "lost_heartbeat", "spawn_failed", "daemon_restart"}) {
-    completions_->Add({{"state", "failed"}, {"outcome", outcome}});
+  for (const ReasonInfo& r : kReasons) {
+    if (IsTerminal(r.final_state)) completions_->Add({{"state", StateLabel(r.final_state)}, {"outcome", Lower(r.code)}});
+    if (r.retry == Retry::kWhileAttemptsLeft) retries_->Add({{"reason", Lower(r.code)}});
   }
-  for (const char* reason : {"killed_by_signal", "worker_exit", "lost_heartbeat", "spawn_failed", "daemon_restart"}) {
-    retries_->Add({{"reason", reason}});
+}
+
+StepTotals::Delta StepTotals::Advance(const ftd::v1::StepReport& r) {
+  Delta d;
+  d.steps = std::max<int64_t>(0, r.step() - step);
+  d.tokens = std::max<int64_t>(0, r.tokens_total() - tokens);
+  step = std::max(step, r.step());
+  tokens = std::max(tokens, r.tokens_total());
+  if (r.nvml_available()) {
+    d.energy_j = std::max(0.0, r.energy_total_j() - energy_j);
+    energy_j = std::max(energy_j, r.energy_total_j());
   }
+  return d;
 }
 
 void Metrics::JobSubmitted(ftd::v1::JobKind kind) { submissions_->Add({{"kind", KindLabel(kind)}}).Increment(); }
@@ -84,12 +97,12 @@ const prometheus::Histogram::BucketBoundaries& DurationBuckets() {
 
 void Metrics::QueueWait(double seconds) { queue_wait_->Add({}, DurationBuckets()).Observe(seconds); }
 
-void Metrics::JobFinished(ftd::v1::JobState state, const std::string& outcome, double run_seconds) {
+void Metrics::JobFinished(ftd::v1::JobState state, std::string_view outcome, double run_seconds) {
   completions_->Add({{"state", StateLabel(state)}, {"outcome", Lower(outcome)}}).Increment();
   run_duration_->Add({{"state", StateLabel(state)}}, DurationBuckets()).Observe(run_seconds);
 }
 
-void Metrics::Retry(const std::string& reason) { retries_->Add({{"reason", Lower(reason)}}).Increment(); }
+void Metrics::Retry(std::string_view reason) { retries_->Add({{"reason", Lower(reason)}}).Increment(); }
 
 void Metrics::Profile(const std::string& kernel_set, const ftd::v1::ProfileReport& p) {
   for (const auto& c : p.categories()) {
@@ -99,19 +112,19 @@ void Metrics::Profile(const std::string& kernel_set, const ftd::v1::ProfileRepor
 }
 
 void Metrics::Step(const std::string& slot, const std::string& kernel_set, const ftd::v1::StepReport& r,
-                   int64_t steps_delta, int64_t tokens_delta, double energy_delta_j) {
+                   const StepTotals::Delta& delta) {
   const std::map<std::string, std::string> l = {{"slot", slot}, {"kernel_set", kernel_set}};
   tokens_per_s_->Add(l).Set(r.tokens_per_s());
   step_time_->Add(l).Set(r.step_time_s());
   loss_->Add(l).Set(r.loss());
   mfu_->Add(l).Set(r.mfu());
-  tokens_->Add(l).Increment(static_cast<double>(tokens_delta));
-  steps_->Add(l).Increment(static_cast<double>(steps_delta));
+  tokens_->Add(l).Increment(static_cast<double>(delta.tokens));
+  steps_->Add(l).Increment(static_cast<double>(delta.steps));
   peak_mem_->Add({{"slot", slot}, {"kind", "gpu_allocated"}}).Set(static_cast<double>(r.peak_mem_allocated_bytes()));
   peak_mem_->Add({{"slot", slot}, {"kind", "gpu_reserved"}}).Set(static_cast<double>(r.peak_mem_reserved_bytes()));
   peak_mem_->Add({{"slot", slot}, {"kind", "host_rss"}}).Set(static_cast<double>(r.peak_rss_bytes()));
   if (r.nvml_available()) {
-    energy_->Add(l).Increment(energy_delta_j);
+    energy_->Add(l).Increment(delta.energy_j);
     power_->Add({{"slot", slot}}).Set(r.power_w());
     joules_per_token_->Add(l).Set(r.joules_per_token());
     utilization_->Add({{"slot", slot}}).Set(r.gpu_utilization());

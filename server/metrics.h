@@ -8,14 +8,28 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
+#include <string_view>
 
 #include "ftd/v1/jobs.pb.h"
 
 namespace ftd::server {
+
+// What one attempt's step reports have added to the step, token and energy counters so far. A report
+// may cover several steps (log_every); a resumed attempt starts from the job's last report.
+struct StepTotals {
+  struct Delta {
+    int64_t steps = 0, tokens = 0;
+    double energy_j = 0;
+  };
+  int64_t step = 0, tokens = 0;
+  double energy_j = 0;  // the worker's energy_total_j already counted
+  // The counters' increments for this report; never negative.
+  Delta Advance(const ftd::v1::StepReport& r);
+};
 
 class Metrics {
  public:
@@ -25,13 +39,13 @@ class Metrics {
   void JobSubmitted(ftd::v1::JobKind kind);
   void JobsByState(const std::map<ftd::v1::JobState, int64_t>& counts);
   void QueueWait(double seconds);
-  // A job reached a terminal state; outcome is its reason code (SUCCEEDED, GPU_OUT_OF_MEMORY, ...).
-  void JobFinished(ftd::v1::JobState state, const std::string& outcome, double run_seconds);
-  void Retry(const std::string& reason);
-  // A step report, which may cover several steps (log_every): the deltas are the steps, tokens and
-  // energy since the job's previous report.
-  void Step(const std::string& slot, const std::string& kernel_set, const ftd::v1::StepReport& r, int64_t steps_delta,
-            int64_t tokens_delta, double energy_delta_j);
+  // A job reached a terminal state; outcome is its reason code (SUCCEEDED, GPU_OUT_OF_MEMORY, ...: the
+  // codes of exit_classification.h, whose table also fixes the label sets).
+  void JobFinished(ftd::v1::JobState state, std::string_view outcome, double run_seconds);
+  void Retry(std::string_view reason);
+  // A step report; `delta` is what it adds to the counters (StepTotals::Advance).
+  void Step(const std::string& slot, const std::string& kernel_set, const ftd::v1::StepReport& r,
+            const StepTotals::Delta& delta);
   // A PROFILE job's result: device seconds per step by op category.
   void Profile(const std::string& kernel_set, const ftd::v1::ProfileReport& p);
   void SlotIdle(const std::string& slot);
@@ -58,7 +72,6 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>* gpu_memory_used_;
   prometheus::Family<prometheus::Gauge>* profile_seconds_;
   prometheus::Family<prometheus::Gauge>* profile_step_seconds_;
-  std::mutex mu_;
 };
 
 const char* StateLabel(ftd::v1::JobState s);

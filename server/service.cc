@@ -3,12 +3,9 @@
 #include <exception>
 #include <fstream>
 
-namespace ftd::server {
+#include "proto/grpc_status.h"
 
-grpc::Status ToGrpc(const absl::Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(static_cast<int>(s.code())), std::string(s.message()));
-}
+namespace ftd::server {
 
 namespace {
 
@@ -18,11 +15,13 @@ grpc::Status Guard(F&& f) {
   try {
     return f();
   } catch (const std::exception& e) {
-    return grpc::Status(grpc::StatusCode::INTERNAL, std::string("internal error: ") + e.what());
+    return ToGrpc(absl::InternalError(std::string("internal error: ") + e.what()));
   } catch (...) {
-    return grpc::Status(grpc::StatusCode::INTERNAL, "internal error");
+    return ToGrpc(absl::InternalError("internal error"));
   }
 }
+
+grpc::Status ClientGone() { return ToGrpc(absl::CancelledError("client went away")); }
 
 absl::Status RequireId(const std::string& id) {
   if (id.empty()) return absl::InvalidArgumentError("id is required (a job id such as j-000001; ftctl list shows them)");
@@ -75,22 +74,21 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* ctx, const ftd::v1::W
                                       grpc::ServerWriter<ftd::v1::JobEvent>* writer) {
   return Guard([&] {
     if (auto st = RequireId(req->id()); !st.ok()) return ToGrpc(st);
-    if (req->after_seq() < 0) return ToGrpc(absl::InvalidArgumentError("after_seq must be >= 0"));
-    int64_t after = req->after_seq();
+    auto watch = m_->WatchJob(req->id(), req->after_seq());
+    if (!watch.ok()) return ToGrpc(watch.status());
+    // New events wake the wait at once; the bound only lets a silent watch notice a client that left.
+    constexpr std::chrono::seconds kCheckClient{1};
     while (!ctx->IsCancelled()) {
-      if (stopping_->load()) {
-        return grpc::Status(grpc::StatusCode::UNAVAILABLE, "ftd is shutting down; reconnect with after_seq");
-      }
+      if (stopping_->load()) return ToGrpc(absl::UnavailableError("ftd is shutting down; reconnect with after_seq"));
       bool done = false;
-      auto events = m_->Events(req->id(), after, std::chrono::milliseconds(500), &done);
+      auto events = (*watch)->Next(kCheckClient, &done);
       if (!events.ok()) return ToGrpc(events.status());
       for (const auto& e : *events) {
-        if (!writer->Write(e)) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
-        after = e.seq();
+        if (!writer->Write(e)) return ClientGone();
       }
       if (done) return grpc::Status::OK;
     }
-    return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+    return ClientGone();
   });
 }
 
@@ -114,7 +112,7 @@ grpc::Status JobServiceImpl::GetTrace(grpc::ServerContext* ctx, const ftd::v1::G
       const auto n = static_cast<size_t>(in.gcount());
       if (n == 0) break;
       chunk.set_data(buf.data(), n);
-      if (!writer->Write(chunk)) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+      if (!writer->Write(chunk)) return ClientGone();
     }
     return grpc::Status::OK;
   });

@@ -1,4 +1,5 @@
-// Thin gRPC handlers over JobManager, and the one map from absl::Status to grpc::Status.
+// Thin gRPC handlers over JobManager: translate the request, call the manager, translate back
+// (errors through the one map in proto/grpc_status.h).
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -11,10 +12,6 @@
 #include "server/job_manager.h"
 
 namespace ftd::server {
-
-// The only place internal errors become gRPC codes (their numeric values agree; the message, which
-// names the field and the fix, passes through unchanged).
-grpc::Status ToGrpc(const absl::Status& s);
 
 class JobServiceImpl final : public ftd::v1::JobService::Service {
  public:

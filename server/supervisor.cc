@@ -1,8 +1,11 @@
 #include "server/supervisor.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/eventfd.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -25,25 +28,8 @@ int64_t SteadyMs() {
 }  // namespace
 
 Supervisor::Supervisor(ExitCallback on_exit) : on_exit_(std::move(on_exit)) {
+  wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   reaper_ = std::thread([this] { Reap(); });
-  killer_ = std::thread([this] {
-    std::unique_lock<std::mutex> l(mu_);
-    while (!stopping_) {
-      if (kill_at_.empty()) {
-        cv_.wait(l);
-        continue;
-      }
-      const int64_t now = SteadyMs();
-      auto it = kill_at_.begin();
-      if (it->first > now) {
-        cv_.wait_for(l, std::chrono::milliseconds(it->first - now));
-        continue;
-      }
-      const pid_t pid = it->second;
-      kill_at_.erase(it);
-      if (live_.count(pid) != 0) ::kill(-pid, SIGKILL);
-    }
-  });
 }
 
 Supervisor::~Supervisor() {
@@ -51,12 +37,20 @@ Supervisor::~Supervisor() {
     std::lock_guard<std::mutex> l(mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
-  killer_.join();
-  reaper_.detach();  // blocked in waitpid, or waiting for children: ends with the process
+  Wake();
+  reaper_.join();
+  std::lock_guard<std::mutex> l(mu_);
+  for (auto& [pid, fd] : live_) ::close(fd);
+  ::close(wake_fd_);
+}
+
+void Supervisor::Wake() {
+  const uint64_t one = 1;
+  (void)!::write(wake_fd_, &one, sizeof one);
 }
 
 absl::StatusOr<pid_t> Supervisor::Spawn(const SpawnRequest& req) {
+  if (wake_fd_ < 0) return absl::InternalError(absl::StrCat("cannot create an eventfd: ", std::strerror(errno)));
   std::vector<std::string> env_strings;
   for (char** e = environ; *e != nullptr; ++e) {
     std::string kv(*e);
@@ -88,65 +82,94 @@ absl::StatusOr<pid_t> Supervisor::Spawn(const SpawnRequest& req) {
   posix_spawnattr_setsigdefault(&attr, &all);
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
   pid_t pid = 0;
-  int rc;
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    rc = posix_spawn(&pid, req.binary.c_str(), &fa, &attr, argv.data(), envp.data());
-    if (rc == 0) live_[pid] = true;
-  }
+  const int rc = posix_spawn(&pid, req.binary.c_str(), &fa, &attr, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&fa);
   posix_spawnattr_destroy(&attr);
   if (rc != 0) return absl::InternalError(absl::StrCat("cannot start ", req.binary, ": ", std::strerror(rc)));
-  cv_.notify_all();
+  // Nobody else reaps our children, so the pid still names this child here.
+  const int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));  // glibc 2.36's <sys/pidfd.h> lacks extern "C"
+  if (fd < 0) {
+    const int err = errno;
+    ::kill(-pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    return absl::InternalError(absl::StrCat("cannot watch the started ", req.binary, " (pidfd_open needs Linux 5.3 or "
+                                            "newer): ", std::strerror(err)));
+  }
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    live_[pid] = fd;
+  }
+  Wake();
   return pid;
 }
 
 void Supervisor::Stop(pid_t pid, int grace_ms) {
-  ::kill(-pid, SIGTERM);
   {
     std::lock_guard<std::mutex> l(mu_);
+    if (pid <= 0 || live_.count(pid) == 0) return;
+    ::kill(-pid, SIGTERM);
     kill_at_.emplace(SteadyMs() + grace_ms, pid);
   }
-  cv_.notify_all();
+  Wake();
 }
 
-void Supervisor::Kill(pid_t pid) { ::kill(-pid, SIGKILL); }
-
-size_t Supervisor::running() const {
+void Supervisor::Kill(pid_t pid) {
   std::lock_guard<std::mutex> l(mu_);
-  return live_.size();
+  if (pid > 0 && live_.count(pid) != 0) ::kill(-pid, SIGKILL);
 }
 
 void Supervisor::Reap() {
+  std::vector<pollfd> fds;
+  std::vector<pid_t> pids;
   for (;;) {
-    {
-      std::unique_lock<std::mutex> l(mu_);
-      cv_.wait(l, [&] { return !live_.empty() || stopping_; });
-      if (stopping_) return;
-    }
-    int status = 0;
-    const pid_t pid = ::waitpid(-1, &status, 0);
-    if (pid < 0) {
-      if (errno == EINTR) continue;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      continue;
-    }
-    ExitStatus st;
-    if (WIFSIGNALED(status)) {
-      st.signaled = true;
-      st.signal = WTERMSIG(status);
-    } else if (WIFEXITED(status)) {
-      st.code = WEXITSTATUS(status);
-    } else {
-      continue;  // stopped/continued
-    }
-    // Whatever the worker left in its group goes with it.
-    ::kill(-pid, SIGKILL);
+    int timeout_ms = -1;
+    fds.assign(1, pollfd{wake_fd_, POLLIN, 0});
+    pids.assign(1, 0);
     {
       std::lock_guard<std::mutex> l(mu_);
-      live_.erase(pid);
+      if (stopping_) return;
+      const int64_t now = SteadyMs();
+      while (!kill_at_.empty() && kill_at_.begin()->first <= now) {
+        const pid_t pid = kill_at_.begin()->second;
+        kill_at_.erase(kill_at_.begin());
+        if (live_.count(pid) != 0) ::kill(-pid, SIGKILL);
+      }
+      if (!kill_at_.empty()) timeout_ms = static_cast<int>(kill_at_.begin()->first - now);
+      for (const auto& [pid, fd] : live_) {
+        fds.push_back(pollfd{fd, POLLIN, 0});
+        pids.push_back(pid);
+      }
     }
-    on_exit_(pid, st);
+    const int n = ::poll(fds.data(), fds.size(), timeout_ms);
+    if (n < 0 && errno != EINTR) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (n <= 0) continue;
+    if (fds[0].revents != 0) {
+      uint64_t count;
+      (void)!::read(wake_fd_, &count, sizeof count);
+    }
+    for (size_t i = 1; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      const pid_t pid = pids[i];
+      int status = 0;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        // The worker is gone but not reaped: its pid, and so its group id, is still ours. Whatever it
+        // left in its group goes with it.
+        ::kill(-pid, SIGKILL);
+        if (::waitpid(pid, &status, WNOHANG) != pid) continue;  // not exited after all (cannot happen)
+        ::close(live_[pid]);
+        live_.erase(pid);
+        std::erase_if(kill_at_, [&](const auto& kv) { return kv.second == pid; });  // a new child may reuse it
+      }
+      ExitStatus st;
+      if (WIFSIGNALED(status)) {
+        st.signaled = true;
+        st.signal = WTERMSIG(status);
+      } else {
+        st.code = WEXITSTATUS(status);
+      }
+      on_exit_(pid, st);
+    }
   }
 }
 

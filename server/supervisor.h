@@ -1,34 +1,30 @@
-// Worker processes: one per job attempt, started with posix_spawn in a process group of its own,
-// with stdout/stderr going to the job's log file and no inherited descriptors (everything the
-// daemon opens is close-on-exec). A reaper thread waits for them and reports each exit.
+// Worker processes: started with posix_spawn in a process group of their own, with stdout/stderr
+// going to a log file and no inherited descriptors (everything the daemon opens is close-on-exec).
+// One reaper thread waits on a pidfd per child it started (never waitpid(-1): other children of the
+// daemon are not its business), kills what a worker left in its group, reaps it and reports the
+// exit; the same thread sends the SIGKILLs that follow a Stop's grace period. Needs Linux >= 5.3.
 #pragma once
 
 #include <sys/types.h>
 
-#include <condition_variable>
 #include <functional>
 #include <map>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "server/exit_status.h"
 
 namespace ftd::server {
 
 struct SpawnRequest {
   std::string binary;
-  std::vector<std::string> args;                  // argv[1..]
+  std::vector<std::string> args;                         // argv[1..]
   std::vector<std::pair<std::string, std::string>> env;  // added to / overriding the daemon's
-  std::string log_path;                           // stdout and stderr, appended
-};
-
-// How a process ended, as waitpid said.
-struct ExitStatus {
-  bool signaled = false;
-  int code = 0;    // exit code when !signaled
-  int signal = 0;  // terminating signal when signaled
+  std::string log_path;                                  // stdout and stderr, appended
 };
 
 class Supervisor {
@@ -38,22 +34,22 @@ class Supervisor {
   ~Supervisor();  // stops the reaper; does not kill workers
 
   absl::StatusOr<pid_t> Spawn(const SpawnRequest& req);
-  // SIGTERM to the process group now, SIGKILL to it after `grace_ms` if it is still there.
+  // SIGTERM to the process group now, SIGKILL to it after `grace_ms` if it is still there. Only for
+  // a child of this supervisor that has not been reaped (so its group id cannot have been reused).
   void Stop(pid_t pid, int grace_ms);
-  // SIGKILL to the process group.
-  static void Kill(pid_t pid);
-  size_t running() const;
+  // SIGKILL to the process group of a child not yet reaped.
+  void Kill(pid_t pid);
 
  private:
   void Reap();
+  void Wake();
   ExitCallback on_exit_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<pid_t, bool> live_;
-  bool stopping_ = false;
-  std::thread reaper_;
-  std::thread killer_;
+  std::mutex mu_;
+  std::map<pid_t, int> live_;              // pid -> pidfd
   std::multimap<int64_t, pid_t> kill_at_;  // steady ms -> pid
+  bool stopping_ = false;
+  int wake_fd_ = -1;                       // eventfd: the set of children or deadlines changed
+  std::thread reaper_;
 };
 
 }  // namespace ftd::server

@@ -4,12 +4,10 @@
 #include <unistd.h>
 
 #include <condition_variable>
-#include <cstdlib>
 #include <iostream>
 #include <mutex>
 #include <thread>
 
-#include "absl/strings/str_split.h"
 #include "ftd/v1/worker.grpc.pb.h"
 #include "worker/engine/engine.h"
 #include "spec/spec.h"
@@ -28,22 +26,6 @@ int ExitCodeFor(int outcome) {
   }
   return 1;
 }
-
-namespace {
-
-// Test hook, documented in docs/api.md: FTD_INJECT_FAULT="<job name>=oom[,...]" makes the worker of
-// a job with that name report a GPU out-of-memory exactly as it does when it catches a real one.
-std::string InjectedFault(const std::string& job_name) {
-  const char* env = std::getenv("FTD_INJECT_FAULT");
-  if (env == nullptr || job_name.empty()) return "";
-  for (absl::string_view item : absl::StrSplit(env, ',')) {
-    std::pair<std::string, std::string> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));
-    if (kv.first == job_name) return kv.second;
-  }
-  return "";
-}
-
-}  // namespace
 
 int RunAgent(const AgentOptions& opts, std::atomic<bool>* stop) {
   auto channel = grpc::CreateChannel(opts.address, grpc::InsecureChannelCredentials());
@@ -97,12 +79,8 @@ int RunAgent(const AgentOptions& opts, std::atomic<bool>* stop) {
   });
 
   engine::RunSummary summary;
-  const std::string fault = InjectedFault(assignment.name());
   auto config = spec::ToTrainConfig(spec);
-  if (fault == "oom") {
-    summary.outcome = engine::Outcome::kOutOfMemory;
-    summary.message = "GPU out of memory: simulated by FTD_INJECT_FAULT";
-  } else if (!config.ok()) {
+  if (!config.ok()) {
     summary.outcome = engine::Outcome::kInvalidSpec;
     summary.message = std::string(config.status().message());
   } else {

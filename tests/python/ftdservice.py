@@ -13,6 +13,11 @@ from ftdtest import BUILD
 
 FTD = BUILD / "server" / "ftd"
 FTCTL = BUILD / "client" / "ftctl"
+WORKER = BUILD / "worker" / "ftd-worker"
+FAKE_WORKER = BUILD / "server" / "ftd-fake-worker"  # test double: server/testing/fake_worker.cc
+
+# What a worker reports, and how it exits, when it catches a CUDA out-of-memory (worker/agent.cc).
+OOM_SCRIPT = {"result": "OUT_OF_MEMORY", "message": "GPU out of memory (scripted by ftd-fake-worker)", "exit": 3}
 
 TINY = {"model": {"preset": "tiny"}, "batch_size": 4, "seq_len": 32, "device": "cpu", "log_every": 1}
 
@@ -24,12 +29,18 @@ def free_port():
 
 
 class Daemon:
-    def __init__(self, tmp, *flags, env=None):
+    """`scripts` ({job name: script}) runs the jobs so named with ftd-fake-worker acting out the
+    script, and every other job with the real ftd-worker."""
+
+    def __init__(self, tmp, *flags, env=None, scripts=None):
         self.data = Path(tmp) / "data"
         self.port, self.metrics_port = free_port(), free_port()
         self.addr = f"127.0.0.1:{self.port}"
         self.flags = list(flags)
         self.env = dict(os.environ, **(env or {}))
+        if scripts is not None:
+            self.flags += ["--worker", str(FAKE_WORKER)]
+            self.env.update(FTD_FAKE_WORKER_SCRIPT=json.dumps(scripts), FTD_FAKE_WORKER_REAL=str(WORKER))
         self.log = open(Path(tmp) / "ftd.log", "ab")
         self.proc = None
         self.start()

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ftdservice import FTD, TINY, Daemon, free_port, ftctl, get, stop_process, submit, wait_for
+from ftdservice import FTD, OOM_SCRIPT, TINY, Daemon, free_port, ftctl, get, stop_process, submit, wait_for
 from ftdtest import BUILD, ROOT
 
 DEPLOY = ROOT / "deploy"
@@ -293,7 +293,7 @@ def active_alerts(prom):
 
 def test_prometheus_scrapes_ftd_and_evaluates_every_dashboard_and_alert_expression(tmp_path):
     tool("prometheus")  # fail before starting anything when it is missing
-    d = Daemon(tmp_path, env={"FTD_INJECT_FAULT": "oom-job=oom"})
+    d = Daemon(tmp_path, scripts={"oom-job": OOM_SCRIPT})
     prom = None
     try:
         prom = Prometheus(tmp_path / "prom", f"127.0.0.1:{d.metrics_port}")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ftdservice import (TINY, Daemon, ftctl, get, group_alive, pid_alive, submit, wait_for)
+from ftdservice import (OOM_SCRIPT, TINY, Daemon, ftctl, get, group_alive, pid_alive, submit, wait_for)
 
 
 def state(daemon, job_id):
@@ -153,7 +153,15 @@ def test_durability_under_sigkill(tmp_path):
 
 
 def _faulty_daemon(tmp_path):
-    return Daemon(tmp_path, env={"FTD_INJECT_FAULT": "oom-job=oom"})
+    return Daemon(tmp_path, scripts={"oom-job": OOM_SCRIPT})
+
+
+def state_events(daemon, job_id):
+    """(unix_ms, job) of each state change in the job's event log: when the daemon recorded it."""
+    p = ftctl(daemon, "watch", job_id, "-o", "json", timeout=60)
+    assert p.returncode in (0, 1, 2), p.stderr
+    events = [json.loads(l) for l in p.stdout.splitlines()]
+    return [(int(e["unix_ms"]), e["state"]) for e in events if "state" in e]
 
 
 @pytest.mark.parametrize("sig,needle", [(signal.SIGKILL, "SIGKILL"), (signal.SIGSEGV, "SIGSEGV")])
@@ -163,13 +171,44 @@ def test_worker_killed_by_signal_is_classified_within_2s(tmp_path, sig, needle):
         job = submit(d, dict(TINY, steps=100000), "--max-attempts", "1")
         j = wait_for(lambda: running_with_steps(d, job), 120, "the job to run")
         pid = int(j["worker_pid"])
-        t0 = time.time()
+        killed_ms = time.time() * 1000
         os.kill(pid, sig)
-        j = wait_for(lambda: (lambda x: x if x["state"] == "FAILED" else None)(get(d, job)), 2.0, "FAILED")
-        assert time.time() - t0 <= 2.0
+        # The bound is on the daemon's own record of the classification, not on how soon a client
+        # polling through ftctl sees it (which depends on how busy the machine is).
+        assert ftctl(d, "wait", job, timeout=120).returncode == 1
+        failed = [(ms, s) for ms, s in state_events(d, job) if s["state"] == "FAILED"]
+        assert len(failed) == 1, failed
+        ms, j = failed[0]
+        assert ms - killed_ms <= 2000, f"classified {ms - killed_ms:.0f} ms after the signal"
         assert j["reason"] == "KILLED_BY_SIGNAL" and needle in j["message"] and "no retries left" in j["message"]
         assert not group_alive(pid)
         assert ftctl(d, "list").returncode == 0  # still serving
+    finally:
+        d.stop()
+
+
+def test_the_higher_priority_job_starts_first(tmp_path):
+    """With the only slot busy, a priority-0 job is submitted, then a priority-5 one. When the slot
+    frees, the priority-5 job is the one that starts, and the priority-0 one only after it ended:
+    read from the daemon's own started/finished times, not from polling."""
+    quick = {"steps": 2, "step_interval_ms": 20, "result": "SUCCEEDED"}
+    d = Daemon(tmp_path, scripts={"blocker": {"wait_for_stop": True}, "low": quick, "high": quick})
+    try:
+        blocker = submit(d, dict(TINY, steps=1), "--name", "blocker")
+        wait_for(lambda: get(d, blocker)["state"] == "RUNNING", 60, "the blocker to run")
+        low = submit(d, dict(TINY, steps=1), "--priority", "0", "--name", "low")
+        high = submit(d, dict(TINY, steps=1), "--priority", "5", "--name", "high")
+        assert int(get(d, high)["queue_position"]) == 1 and int(get(d, low)["queue_position"]) == 2
+        assert ftctl(d, "cancel", blocker).returncode == 0
+        for job in (low, high):
+            assert ftctl(d, "wait", job, timeout=120).returncode == 0
+        lo, hi = get(d, low), get(d, high)
+        assert int(hi["started_unix_ms"]) < int(lo["started_unix_ms"]), (hi, lo)
+        assert int(hi["finished_unix_ms"]) <= int(lo["started_unix_ms"]), (hi, lo)
+        running = {j: [ms for ms, s in state_events(d, j) if s["state"] == "RUNNING"] for j in (low, high)}
+        assert len(running[low]) == 1 and len(running[high]) == 1, running
+        assert running[high][0] < running[low][0]
+        assert int(get(d, blocker)["finished_unix_ms"]) <= running[high][0]
     finally:
         d.stop()
 

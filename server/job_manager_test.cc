@@ -1,0 +1,777 @@
+// JobManager's state machine with an injected launcher and clock: no processes, no sleeps, a real
+// SQLite store in a temporary directory. The worker is played by calling the worker protocol
+// (Assign, OnWorkerMessage) and the launcher's exit handler by hand. Expected reasons and states are
+// those docs/api.md promises.
+#include "server/job_manager.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+
+#include <cctype>
+#include <condition_variable>
+#include <filesystem>
+#include <functional>
+#include <thread>
+
+#include "absl/strings/ascii.h"
+
+namespace ftd::server {
+namespace {
+
+namespace fs = std::filesystem;
+using ftd::v1::Job;
+using ftd::v1::JobEvent;
+using ftd::v1::RunResult;
+
+class FakeClock final : public Clock {
+ public:
+  int64_t UnixMs() const override { return unix_ms; }
+  int64_t SteadyMs() const override { return steady_ms; }
+  void Advance(int64_t ms) {
+    unix_ms += ms;
+    steady_ms += ms;
+  }
+  int64_t unix_ms = 1'700'000'000'000;
+  int64_t steady_ms = 5'000;
+};
+
+// Starts nothing: records what it was asked, hands out made-up pids, and lets the test end workers.
+class FakeLauncher final : public WorkerLauncher {
+ public:
+  void SetExitHandler(ExitHandler h) override {
+    std::lock_guard<std::mutex> l(mu);
+    handler = std::move(h);
+  }
+  absl::StatusOr<int64_t> Launch(const LaunchRequest& req) override {
+    if (on_launch) on_launch(req);
+    std::lock_guard<std::mutex> l(mu);
+    if (!fail_next.ok()) {
+      auto st = fail_next;
+      fail_next = absl::OkStatus();
+      return st;
+    }
+    launches.push_back(req);
+    pids.push_back(next_pid);
+    return next_pid++;
+  }
+  void Stop(int64_t pid, std::chrono::milliseconds grace) override {
+    std::lock_guard<std::mutex> l(mu);
+    stops.emplace_back(pid, grace.count());
+    cv.notify_all();
+  }
+  void Kill(int64_t pid) override {
+    std::lock_guard<std::mutex> l(mu);
+    kills.push_back(pid);
+  }
+  void KillOrphan(int64_t pid, const std::string& job_id) override {
+    std::lock_guard<std::mutex> l(mu);
+    orphans.emplace_back(pid, job_id);
+  }
+  // The worker of `req` is gone.
+  void Exit(const LaunchRequest& req, ExitStatus st) {
+    ExitHandler h;
+    {
+      std::lock_guard<std::mutex> l(mu);
+      h = handler;
+    }
+    h(req.job_id, req.attempt, st);
+  }
+  LaunchRequest Last() {
+    std::lock_guard<std::mutex> l(mu);
+    return launches.back();
+  }
+  size_t Launches() {
+    std::lock_guard<std::mutex> l(mu);
+    return launches.size();
+  }
+
+  std::mutex mu;
+  std::condition_variable cv;
+  ExitHandler handler;
+  std::function<void(const LaunchRequest&)> on_launch;
+  absl::Status fail_next = absl::OkStatus();
+  std::vector<LaunchRequest> launches;
+  std::vector<int64_t> pids;
+  std::vector<std::pair<int64_t, int64_t>> stops;  // (pid, grace ms)
+  std::vector<int64_t> kills;
+  std::vector<std::pair<int64_t, std::string>> orphans;
+  int64_t next_pid = 4242;
+};
+
+ExitStatus Exited(int code) { return ExitStatus{false, code, 0}; }
+ExitStatus Signaled(int sig) { return ExitStatus{true, 0, sig}; }
+
+class JobManagerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/ftd-job-manager-test-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    OpenStore();
+    cfg_.data_dir = dir_;
+    cfg_.gpus = 0;
+    cfg_.default_max_attempts = 3;
+    cfg_.grace_ms = 3000;
+    cfg_.heartbeat_timeout_ms = 5000;
+    cfg_.backoff_base_ms = 1000;
+    cfg_.backoff_max_ms = 60000;
+  }
+  void TearDown() override {
+    manager_.reset();
+    store_.reset();
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  void OpenStore() {
+    auto s = Store::Open((fs::path(dir_) / "ftd.db").string());
+    ASSERT_TRUE(s.ok()) << s.status();
+    store_ = std::move(*s);
+  }
+  // A manager over the store, recovered as at daemon start; the scheduling thread is not started.
+  JobManager& Make() {
+    manager_.reset();
+    launcher_ = std::make_unique<FakeLauncher>();
+    metrics_ = std::make_unique<Metrics>();
+    manager_ = std::make_unique<JobManager>(cfg_, store_.get(), metrics_.get(), launcher_.get(), &clock_);
+    auto st = manager_->Recover();
+    EXPECT_TRUE(st.ok()) << st;
+    return *manager_;
+  }
+
+  std::string Submit(const std::string& name, int priority = 0, int max_attempts = 0) {
+    ftd::v1::SubmitJobRequest req;
+    req.set_name(name);
+    req.set_priority(priority);
+    req.set_max_attempts(max_attempts);
+    auto* spec = req.mutable_spec();
+    spec->mutable_model()->set_preset("tiny");
+    spec->set_batch_size(4);
+    spec->set_seq_len(32);
+    spec->set_device("cpu");
+    spec->set_steps(10);
+    auto r = manager_->Submit(req);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->job().id() : "";
+  }
+  Job Get(const std::string& id) {
+    auto j = manager_->Get(id);
+    EXPECT_TRUE(j.ok()) << j.status();
+    return j.ok() ? *j : Job();
+  }
+  std::vector<JobEvent> EventLog(const std::string& id) {
+    auto e = store_->Events(id, 0, 10000);
+    EXPECT_TRUE(e.ok()) << e.status();
+    return e.ok() ? *e : std::vector<JobEvent>();
+  }
+  // The job as its last state event recorded it (Get() words a waiting job's reason anew).
+  Job LastState(const std::string& id) {
+    Job last;
+    for (const auto& e : EventLog(id)) {
+      if (e.has_state()) last = e.state();
+    }
+    return last;
+  }
+  // The worker's side of the protocol.
+  static ftd::v1::WorkerHello Hello(const LaunchRequest& l) {
+    ftd::v1::WorkerHello h;
+    h.set_job_id(l.job_id);
+    h.set_attempt(l.attempt);
+    h.set_token(l.token);
+    return h;
+  }
+  absl::StatusOr<bool> Send(const LaunchRequest& l, ftd::v1::WorkerMessage m) {
+    *m.mutable_hello() = Hello(l);
+    return manager_->OnWorkerMessage(m);
+  }
+  absl::StatusOr<bool> Step(const LaunchRequest& l, int64_t step) {
+    ftd::v1::WorkerMessage m;
+    m.mutable_step()->set_step(step);
+    m.mutable_step()->set_tokens_total(step * 128);
+    return Send(l, m);
+  }
+  absl::StatusOr<bool> Report(const LaunchRequest& l, RunResult::Outcome outcome, const std::string& message) {
+    ftd::v1::WorkerMessage m;
+    m.mutable_result()->set_outcome(outcome);
+    m.mutable_result()->set_message(message);
+    return Send(l, m);
+  }
+  // Starts the queued job the policy picks; returns its launch.
+  LaunchRequest StartNext() {
+    const size_t before = launcher_->Launches();
+    manager_->Tick();
+    EXPECT_EQ(launcher_->Launches(), before + 1) << "Tick() started no job";
+    LaunchRequest l = launcher_->Last();
+    EXPECT_TRUE(manager_->Assign(Hello(l)).ok());
+    return l;
+  }
+  double Counter(const std::string& family, const std::map<std::string, std::string>& labels) {
+    for (const auto& f : metrics_->registry()->Collect()) {
+      if (f.name != family) continue;
+      for (const auto& m : f.metric) {
+        std::map<std::string, std::string> got;
+        for (const auto& lp : m.label) got[lp.name] = lp.value;
+        if (got == labels) return f.type == prometheus::MetricType::Counter ? m.counter.value : m.gauge.value;
+      }
+    }
+    ADD_FAILURE() << "no series " << family;
+    return -1;
+  }
+
+  std::string dir_;
+  ManagerConfig cfg_;
+  FakeClock clock_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<FakeLauncher> launcher_;
+  std::unique_ptr<JobManager> manager_;
+};
+
+// The last two events of a job that ended: its final state, then its result.
+void ExpectEndedLog(const std::vector<JobEvent>& log, ftd::v1::JobState state) {
+  ASSERT_GE(log.size(), 2u);
+  const JobEvent& s = log[log.size() - 2];
+  const JobEvent& r = log.back();
+  ASSERT_TRUE(s.has_state());
+  EXPECT_EQ(s.state().state(), state);
+  ASSERT_TRUE(r.has_result());
+  EXPECT_EQ(r.result().outcome(), s.state().result().outcome());
+  for (size_t i = 0; i + 2 < log.size(); ++i) EXPECT_FALSE(log[i].has_result()) << "a result before the end";
+}
+
+TEST_F(JobManagerTest, QueuedRunningSucceeded) {
+  auto& m = Make();
+  const std::string id = Submit("ok");
+  Job j = Get(id);
+  EXPECT_EQ(j.state(), ftd::v1::QUEUED);
+  EXPECT_EQ(j.queue_position(), 1);
+  EXPECT_EQ(j.reason(), "WAITING_FOR_SLOT");
+  EXPECT_EQ(launcher_->Launches(), 0u);  // nothing starts until the scheduler runs
+
+  clock_.Advance(7);
+  m.Tick();
+  ASSERT_EQ(launcher_->Launches(), 1u);
+  const LaunchRequest l = launcher_->Last();
+  EXPECT_EQ(l.job_id, id);
+  EXPECT_EQ(l.attempt, 1);
+  EXPECT_EQ(l.slot, "cpu");
+  EXPECT_GE(l.token.size(), 32u);
+  j = Get(id);
+  EXPECT_EQ(j.state(), ftd::v1::RUNNING);
+  EXPECT_EQ(j.worker_pid(), launcher_->pids.back());
+  EXPECT_EQ(j.started_unix_ms(), clock_.unix_ms);
+  EXPECT_EQ(j.queue_position(), 0);
+
+  auto a = m.Assign(Hello(l));
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->name(), "ok");
+  EXPECT_EQ(a->checkpoint_dir(), (fs::path(dir_) / "jobs" / id / "checkpoints").string());
+  ASSERT_TRUE(Step(l, 1).ok());
+  EXPECT_EQ(Get(id).last_step().step(), 1);
+  ASSERT_TRUE(Report(l, RunResult::SUCCEEDED, "10 steps").ok());
+  clock_.Advance(1000);
+  launcher_->Exit(l, Exited(0));
+
+  j = Get(id);
+  EXPECT_EQ(j.state(), ftd::v1::SUCCEEDED);
+  EXPECT_EQ(j.reason(), "SUCCEEDED");
+  EXPECT_EQ(j.message(), "10 steps");
+  EXPECT_EQ(j.result().outcome(), RunResult::SUCCEEDED);
+  EXPECT_EQ(j.worker_pid(), 0);
+  EXPECT_EQ(j.finished_unix_ms(), clock_.unix_ms);
+  ExpectEndedLog(EventLog(id), ftd::v1::SUCCEEDED);
+  EXPECT_EQ(Counter("ftd_job_completions_total", {{"state", "succeeded"}, {"outcome", "succeeded"}}), 1);
+  EXPECT_EQ(Counter("ftd_worker_steps_total", {{"slot", "cpu"}, {"kernel_set", "eager"}}), 1);
+  // The attempt is over: its token opens nothing any more, and the slot is free.
+  EXPECT_EQ(Step(l, 2).status().code(), absl::StatusCode::kPermissionDenied);
+  Submit("next");
+  m.Tick();
+  EXPECT_EQ(launcher_->Launches(), 2u);
+}
+
+struct Outcome {
+  const char* name;
+  bool report;
+  RunResult::Outcome reported;
+  ExitStatus exit;
+  ftd::v1::JobState state;  // with max_attempts 1
+  const char* reason;
+  const char* in_message;
+  bool infrastructure;      // retried when attempts are left (docs/api.md)
+};
+
+class OutcomeTest : public JobManagerTest, public ::testing::WithParamInterface<Outcome> {};
+
+TEST_P(OutcomeTest, EachEndingIsClassifiedAndRetriedOnlyIfInfrastructure) {
+  const Outcome& o = GetParam();
+  for (int max_attempts : {1, 3}) {
+    SCOPED_TRACE(max_attempts);
+    Make();
+    const std::string id = Submit(o.name, 0, max_attempts);
+    const LaunchRequest l = StartNext();
+    if (o.report) {
+      ASSERT_TRUE(Report(l, o.reported, "the worker's words").ok());
+    }
+    launcher_->Exit(l, o.exit);
+    const Job j = Get(id);
+    EXPECT_EQ(j.reason(), o.reason);
+    EXPECT_NE(j.message().find(o.in_message), std::string::npos) << j.message();
+    if (o.infrastructure && max_attempts > 1) {
+      EXPECT_EQ(j.state(), ftd::v1::QUEUED);
+      EXPECT_NE(j.message().find("attempt 1 of 3 failed"), std::string::npos) << j.message();
+      EXPECT_EQ(Counter("ftd_job_retries_total", {{"reason", absl::AsciiStrToLower(o.reason)}}), 1);
+    } else {
+      EXPECT_EQ(j.state(), o.state);
+      EXPECT_EQ(j.attempt(), 1);
+      ExpectEndedLog(EventLog(id), o.state);
+      if (o.infrastructure) {
+        EXPECT_NE(j.message().find("no retries left"), std::string::npos) << j.message();
+      }
+      // The worker's result where it decided the outcome; FAILED where the daemon saw the failure.
+      EXPECT_EQ(j.result().outcome(), o.infrastructure ? RunResult::FAILED : o.reported);
+      EXPECT_EQ(Counter("ftd_job_completions_total",
+                        {{"state", StateLabel(o.state)}, {"outcome", absl::AsciiStrToLower(o.reason)}}),
+                1);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Outcomes, OutcomeTest,
+    ::testing::Values(
+        Outcome{"oom", true, RunResult::OUT_OF_MEMORY, Exited(3), ftd::v1::FAILED, "GPU_OUT_OF_MEMORY",
+                "the worker's words", false},
+        Outcome{"invalid", true, RunResult::INVALID_SPEC, Exited(2), ftd::v1::FAILED, "INVALID_SPEC",
+                "the worker's words", false},
+        Outcome{"nonfinite", true, RunResult::NON_FINITE, Exited(4), ftd::v1::FAILED, "NON_FINITE",
+                "the worker's words", false},
+        Outcome{"error", true, RunResult::FAILED, Exited(1), ftd::v1::FAILED, "WORKER_ERROR", "exit code 1", false},
+        Outcome{"sigkill", false, RunResult::OUTCOME_UNSPECIFIED, Signaled(SIGKILL), ftd::v1::FAILED,
+                "KILLED_BY_SIGNAL", "SIGKILL", true},
+        Outcome{"segv-after-success", true, RunResult::SUCCEEDED, Signaled(SIGSEGV), ftd::v1::FAILED,
+                "KILLED_BY_SIGNAL", "SIGSEGV", true},
+        Outcome{"exit", false, RunResult::OUTCOME_UNSPECIFIED, Exited(5), ftd::v1::FAILED, "WORKER_EXIT",
+                "exit code 5 before reporting a result", true}),
+    [](const auto& info) {
+      std::string n = info.param.name;
+      for (auto& c : n) c = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+      return n;
+    });
+
+TEST_F(JobManagerTest, SpawnFailureIsAnInfrastructureFailure) {
+  auto& m = Make();
+  const std::string id = Submit("nospawn", 0, 2);
+  launcher_->fail_next = absl::InternalError("cannot start /nonexistent/ftd-worker: No such file or directory");
+  m.Tick();
+  Job j = Get(id);
+  EXPECT_EQ(j.state(), ftd::v1::QUEUED);
+  EXPECT_EQ(j.reason(), "SPAWN_FAILED");
+  EXPECT_NE(j.message().find("/nonexistent/ftd-worker"), std::string::npos) << j.message();
+  clock_.Advance(1000);
+  launcher_->fail_next = absl::InternalError("cannot start /nonexistent/ftd-worker: No such file or directory");
+  m.Tick();
+  j = Get(id);
+  EXPECT_EQ(j.state(), ftd::v1::FAILED);
+  EXPECT_EQ(j.attempt(), 2);
+  EXPECT_NE(j.message().find("no retries left"), std::string::npos) << j.message();
+}
+
+TEST_F(JobManagerTest, ASilentWorkerIsKilledAndItsJobRetried) {
+  auto& m = Make();
+  const std::string id = Submit("silent", 0, 2);
+  const LaunchRequest l = StartNext();
+  ASSERT_TRUE(Step(l, 1).ok());
+  // The scheduler asks to run again when the heartbeat would expire.
+  auto wait = m.Tick();
+  ASSERT_TRUE(wait.has_value());
+  EXPECT_EQ(wait->count(), cfg_.heartbeat_timeout_ms);
+  clock_.Advance(cfg_.heartbeat_timeout_ms - 1);
+  m.Tick();
+  EXPECT_TRUE(launcher_->kills.empty());
+  clock_.Advance(1);
+  m.Tick();
+  ASSERT_EQ(launcher_->kills.size(), 1u);
+  EXPECT_EQ(launcher_->kills[0], launcher_->pids[0]);
+  launcher_->Exit(l, Signaled(SIGKILL));
+  const Job j = Get(id);
+  EXPECT_EQ(j.reason(), "LOST_HEARTBEAT");  // not KILLED_BY_SIGNAL: the daemon sent that signal
+  EXPECT_EQ(j.state(), ftd::v1::QUEUED);
+}
+
+TEST_F(JobManagerTest, RetriesWaitForTheirBackoffAndStopAtMaxAttempts) {
+  auto& m = Make();
+  const std::string id = Submit("flaky", 0, 3);
+  LaunchRequest l = StartNext();
+  for (int attempt = 1; attempt <= 3; ++attempt) {
+    SCOPED_TRACE(attempt);
+    EXPECT_EQ(l.attempt, attempt);
+    launcher_->Exit(l, Signaled(SIGKILL));
+    Job j = Get(id);
+    if (attempt == 3) {
+      EXPECT_EQ(j.state(), ftd::v1::FAILED);
+      EXPECT_NE(j.message().find("attempt 3 of 3; no retries left"), std::string::npos) << j.message();
+      break;
+    }
+    const int64_t backoff = 1000 << (attempt - 1);  // --backoff-s doubling per attempt (docs/api.md)
+    EXPECT_EQ(j.state(), ftd::v1::QUEUED);
+    EXPECT_EQ(j.not_before_unix_ms(), clock_.unix_ms + backoff);
+    EXPECT_NE(j.message().find("retry in"), std::string::npos) << j.message();
+    auto wait = m.Tick();
+    EXPECT_EQ(launcher_->Launches(), static_cast<size_t>(attempt)) << "started before its backoff";
+    ASSERT_TRUE(wait.has_value());
+    EXPECT_EQ(wait->count(), backoff);
+    clock_.Advance(backoff - 1);
+    m.Tick();
+    EXPECT_EQ(launcher_->Launches(), static_cast<size_t>(attempt));
+    clock_.Advance(1);
+    const LaunchRequest old = l;
+    l = StartNext();
+    EXPECT_NE(l.token, old.token);
+    EXPECT_EQ(Step(old, 1).status().code(), absl::StatusCode::kPermissionDenied);  // the old attempt is refused
+  }
+  EXPECT_EQ(Counter("ftd_job_retries_total", {{"reason", "killed_by_signal"}}), 2);
+  EXPECT_EQ(Counter("ftd_job_completions_total", {{"state", "failed"}, {"outcome", "killed_by_signal"}}), 1);
+}
+
+TEST_F(JobManagerTest, CancelWhileQueued) {
+  auto& m = Make();
+  const std::string a = Submit("a"), b = Submit("b");
+  auto c = m.Cancel(a);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->state(), ftd::v1::CANCELLED);
+  EXPECT_EQ(c->reason(), "CANCELLED");
+  EXPECT_EQ(c->result().outcome(), RunResult::CANCELLED);
+  ExpectEndedLog(EventLog(a), ftd::v1::CANCELLED);
+  EXPECT_EQ(Get(b).queue_position(), 1);
+  m.Tick();
+  ASSERT_EQ(launcher_->Launches(), 1u);
+  EXPECT_EQ(launcher_->Last().job_id, b);  // the cancelled job never starts
+  auto again = m.Cancel(a);
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(again.status().message().find("already cancelled"), std::string::npos);
+}
+
+TEST_F(JobManagerTest, CancelWhileTheWorkerIsBeingLaunched) {
+  auto& m = Make();
+  const std::string id = Submit("starting");
+  absl::StatusOr<Job> during = absl::UnknownError("not called");
+  launcher_->on_launch = [&](const LaunchRequest&) { during = m.Cancel(id); };
+  m.Tick();
+  ASSERT_TRUE(during.ok()) << during.status();  // not "try again": the cancel is taken
+  EXPECT_EQ(during->reason(), "CANCELLING");
+  // The launch completes and the new worker is told to stop at once.
+  ASSERT_EQ(launcher_->stops.size(), 1u);
+  EXPECT_EQ(launcher_->stops[0].first, launcher_->pids[0]);
+  EXPECT_EQ(launcher_->stops[0].second, cfg_.grace_ms);
+  launcher_->Exit(launcher_->Last(), Signaled(SIGTERM));
+  const Job j = Get(id);
+  EXPECT_EQ(j.state(), ftd::v1::CANCELLED);
+  EXPECT_EQ(j.reason(), "CANCELLED");
+  EXPECT_EQ(j.result().outcome(), RunResult::CANCELLED);
+  ExpectEndedLog(EventLog(id), ftd::v1::CANCELLED);
+}
+
+TEST_F(JobManagerTest, CancelBeforeTheWorkerSaidHello) {
+  auto& m = Make();
+  const std::string id = Submit("early");
+  m.Tick();
+  const LaunchRequest l = launcher_->Last();
+  auto c = m.Cancel(id);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(launcher_->stops.size(), 1u);
+  // The worker's first call learns it is to stop.
+  EXPECT_TRUE(m.Assign(Hello(l)).ok());
+  auto ack = Step(l, 1);
+  ASSERT_TRUE(ack.ok());
+  EXPECT_TRUE(*ack);
+  launcher_->Exit(l, Exited(5));
+  EXPECT_EQ(Get(id).state(), ftd::v1::CANCELLED);
+}
+
+TEST_F(JobManagerTest, CancelWhileRunning) {
+  auto& m = Make();
+  const std::string id = Submit("running");
+  const LaunchRequest l = StartNext();
+  auto ack = Step(l, 1);
+  ASSERT_TRUE(ack.ok());
+  EXPECT_FALSE(*ack);
+  auto c = m.Cancel(id);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->state(), ftd::v1::RUNNING);
+  EXPECT_EQ(c->reason(), "CANCELLING");
+  ASSERT_EQ(launcher_->stops.size(), 1u);
+  EXPECT_EQ(launcher_->stops[0], std::make_pair(launcher_->pids[0], static_cast<int64_t>(cfg_.grace_ms)));
+  ack = Step(l, 2);
+  ASSERT_TRUE(ack.ok());
+  EXPECT_TRUE(*ack);  // the worker's acks say stop
+  ASSERT_TRUE(Report(l, RunResult::CANCELLED, "stopped at step 2").ok());
+  launcher_->Exit(l, Exited(5));
+  const Job j = Get(id);
+  EXPECT_EQ(j.state(), ftd::v1::CANCELLED);
+  EXPECT_EQ(j.reason(), "CANCELLED");
+  EXPECT_EQ(j.result().outcome(), RunResult::CANCELLED);
+  EXPECT_NE(j.message().find("exit code 5"), std::string::npos) << j.message();
+  ExpectEndedLog(EventLog(id), ftd::v1::CANCELLED);
+  EXPECT_EQ(Counter("ftd_job_completions_total", {{"state", "cancelled"}, {"outcome", "cancelled"}}), 1);
+}
+
+TEST_F(JobManagerTest, AWorkerThatDiesWhileBeingLaunchedIsClassified) {
+  auto& m = Make();
+  const std::string id = Submit("dies-at-once", 0, 1);
+  launcher_->on_launch = [&](const LaunchRequest& req) {
+    launcher_->on_launch = nullptr;
+    launcher_->Exit(req, Exited(127));  // reported before Launch returned its pid
+  };
+  m.Tick();
+  Job j = Get(id);
+  EXPECT_EQ(j.state(), ftd::v1::FAILED);
+  EXPECT_EQ(j.reason(), "WORKER_EXIT");
+  EXPECT_EQ(j.worker_pid(), 0);
+  Submit("after");
+  m.Tick();
+  EXPECT_EQ(launcher_->Launches(), 2u);  // the slot was freed
+}
+
+// A daemon that died with a job RUNNING; a new one starts on the same store.
+class RestartTest : public JobManagerTest {
+ protected:
+  std::string LeaveRunning(int max_attempts) {
+    Make();
+    const std::string id = Submit("survivor", 0, max_attempts);
+    StartNext();
+    pid_ = launcher_->pids.back();
+    return id;
+  }
+  int64_t pid_ = 0;
+};
+
+TEST_F(RestartTest, RequeuePolicyRequeuesAndStartsTheNextAttempt) {
+  const std::string id = LeaveRunning(3);
+  cfg_.requeue_on_restart = true;
+  auto& m = Make();
+  ASSERT_EQ(launcher_->orphans.size(), 1u);
+  EXPECT_EQ(launcher_->orphans[0], std::make_pair(pid_, id));
+  const Job j = LastState(id);
+  EXPECT_EQ(j.state(), ftd::v1::QUEUED);
+  EXPECT_EQ(j.reason(), "DAEMON_RESTART");
+  EXPECT_EQ(j.message(), "ftd restarted while attempt 1 of 3 was running; requeued");
+  EXPECT_EQ(j.worker_pid(), 0);
+  EXPECT_EQ(Get(id).queue_position(), 1);
+  m.Tick();
+  ASSERT_EQ(launcher_->Launches(), 1u);
+  EXPECT_EQ(launcher_->Last().attempt, 2);
+  EXPECT_EQ(Counter("ftd_job_retries_total", {{"reason", "daemon_restart"}}), 1);
+}
+
+TEST_F(RestartTest, FailPolicyFailsAndSaysWhy) {
+  const std::string id = LeaveRunning(3);
+  cfg_.requeue_on_restart = false;
+  Make();
+  const Job j = Get(id);
+  EXPECT_EQ(j.state(), ftd::v1::FAILED);
+  EXPECT_EQ(j.reason(), "DAEMON_RESTART");
+  EXPECT_EQ(j.result().outcome(), RunResult::FAILED);
+  // Attempts were left: the policy, not the attempts, failed it.
+  EXPECT_NE(j.message().find("--restart-policy fail"), std::string::npos) << j.message();
+  EXPECT_EQ(j.message().find("no attempts left"), std::string::npos) << j.message();
+  ExpectEndedLog(EventLog(id), ftd::v1::FAILED);
+  EXPECT_EQ(Counter("ftd_job_completions_total", {{"state", "failed"}, {"outcome", "daemon_restart"}}), 1);
+}
+
+TEST_F(RestartTest, RequeuePolicyWithNoAttemptsLeftFails) {
+  const std::string id = LeaveRunning(1);
+  cfg_.requeue_on_restart = true;
+  Make();
+  const Job j = Get(id);
+  EXPECT_EQ(j.state(), ftd::v1::FAILED);
+  EXPECT_NE(j.message().find("no attempts left"), std::string::npos) << j.message();
+}
+
+TEST_F(RestartTest, TheQueueIsRebuiltInOrder) {
+  Make();
+  const std::string a = Submit("a", 0), b = Submit("b", 5), c = Submit("c", 0);
+  ASSERT_TRUE(manager_->Cancel(a).ok());
+  auto& m = Make();
+  EXPECT_EQ(Get(b).queue_position(), 1);
+  EXPECT_EQ(Get(c).queue_position(), 2);
+  m.Tick();
+  EXPECT_EQ(launcher_->Last().job_id, b);
+}
+
+TEST_F(JobManagerTest, PriorityThenSubmissionOrderDecidesWhichJobStarts) {
+  Make();
+  const std::string blocker = Submit("blocker");
+  LaunchRequest running = StartNext();
+  const std::string a = Submit("a", 0), b = Submit("b", 5), c = Submit("c", 0), d = Submit("d", 5), e = Submit("e", -3);
+  EXPECT_EQ(Get(b).queue_position(), 1);
+  EXPECT_EQ(Get(d).queue_position(), 2);
+  EXPECT_EQ(Get(a).queue_position(), 3);
+  EXPECT_EQ(Get(c).queue_position(), 4);
+  EXPECT_EQ(Get(e).queue_position(), 5);
+  std::vector<std::string> started;
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(Report(running, RunResult::SUCCEEDED, "").ok());
+    launcher_->Exit(running, Exited(0));
+    running = StartNext();
+    started.push_back(running.job_id);
+  }
+  EXPECT_EQ(started, (std::vector<std::string>{b, d, a, c, e}));
+  (void)blocker;
+}
+
+TEST_F(JobManagerTest, OneTickFillsEverySlotInPriorityOrder) {
+  cfg_.gpus = 2;
+  auto& m = Make();
+  const std::string low = Submit("low", 0), mid = Submit("mid", 1), high = Submit("high", 9);
+  m.Tick();
+  ASSERT_EQ(launcher_->launches.size(), 2u);
+  EXPECT_EQ(launcher_->launches[0].job_id, high);
+  EXPECT_EQ(launcher_->launches[0].slot, "gpu:0");
+  EXPECT_EQ(launcher_->launches[1].job_id, mid);
+  EXPECT_EQ(launcher_->launches[1].slot, "gpu:1");
+  const Job l = Get(low);
+  EXPECT_EQ(l.state(), ftd::v1::QUEUED);
+  EXPECT_NE(l.message().find("2 of 2 slot(s) busy"), std::string::npos) << l.message();
+}
+
+TEST_F(JobManagerTest, PausedStartsNothing) {
+  cfg_.paused = true;
+  auto& m = Make();
+  const std::string a = Submit("a");
+  EXPECT_FALSE(m.Tick().has_value());
+  EXPECT_EQ(launcher_->Launches(), 0u);
+  const Job j = Get(a);
+  EXPECT_EQ(j.reason(), "PAUSED");
+}
+
+TEST_F(JobManagerTest, ListAnnotatesPositionsFromTheQueueItKeeps) {
+  auto& m = Make();
+  std::vector<std::string> ids;
+  for (int i = 0; i < 6; ++i) ids.push_back(Submit("j", i % 2 == 0 ? 0 : 1));
+  ASSERT_TRUE(m.Cancel(ids[1]).ok());
+  ftd::v1::ListJobsRequest req;
+  req.set_page_size(3);
+  auto page = m.List(req);
+  ASSERT_TRUE(page.ok()) << page.status();
+  ASSERT_EQ(page->jobs_size(), 3);
+  // Queued by priority then submission: ids[3], ids[5], ids[0], ids[2], ids[4]; ids[1] cancelled.
+  EXPECT_EQ(page->jobs(0).queue_position(), 3);
+  EXPECT_EQ(page->jobs(1).queue_position(), 0);
+  EXPECT_EQ(page->jobs(2).queue_position(), 4);
+  req.set_page_token(page->next_page_token());
+  page = m.List(req);
+  ASSERT_TRUE(page.ok()) << page.status();
+  ASSERT_EQ(page->jobs_size(), 3);
+  EXPECT_EQ(page->jobs(0).queue_position(), 1);
+  EXPECT_EQ(page->jobs(1).queue_position(), 5);
+  EXPECT_EQ(page->jobs(2).queue_position(), 2);
+}
+
+TEST_F(JobManagerTest, DrainRequeuesRunningJobsWithoutSpendingAnAttempt) {
+  auto& m = Make();
+  const std::string id = Submit("drained", 0, 1);
+  const LaunchRequest l = StartNext();
+  std::thread drain([&] { m.Drain(std::chrono::steady_clock::now() + std::chrono::minutes(1)); });
+  {
+    std::unique_lock<std::mutex> lk(launcher_->mu);
+    launcher_->cv.wait(lk, [&] { return !launcher_->stops.empty(); });
+  }
+  ASSERT_TRUE(Report(l, RunResult::CANCELLED, "stopped; checkpoint at step 3").ok());
+  launcher_->Exit(l, Exited(5));
+  drain.join();
+  const Job j = LastState(id);
+  EXPECT_EQ(j.state(), ftd::v1::QUEUED);
+  EXPECT_EQ(j.reason(), "DAEMON_SHUTDOWN");
+  EXPECT_EQ(j.max_attempts(), 2);  // the drained attempt does not count
+  EXPECT_EQ(m.Submit(ftd::v1::SubmitJobRequest()).status().code(), absl::StatusCode::kUnavailable);
+  m.Tick();
+  EXPECT_EQ(launcher_->Launches(), 1u);  // a draining daemon starts nothing
+}
+
+TEST_F(JobManagerTest, AWatchWakesOnANewEventAndEndsAfterTheResult) {
+  auto& m = Make();
+  const std::string id = Submit("watched");
+  auto watch = m.WatchJob(id, 0);
+  ASSERT_TRUE(watch.ok());
+  bool done = true;
+  auto first = (*watch)->Next(std::chrono::milliseconds(0), &done);
+  ASSERT_TRUE(first.ok());
+  ASSERT_EQ(first->size(), 1u);  // the QUEUED state
+  EXPECT_FALSE(done);
+  auto none = (*watch)->Next(std::chrono::milliseconds(0), &done);
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty());
+
+  const LaunchRequest l = StartNext();  // the RUNNING state event
+  absl::StatusOr<std::vector<JobEvent>> got;
+  // Waits (an hour at most) in another thread until the step below arrives.
+  std::thread watcher([&] {
+    std::vector<JobEvent> all;
+    while (all.empty() || !all.back().has_step()) {
+      auto evs = (*watch)->Next(std::chrono::hours(1), &done);
+      if (!evs.ok()) {
+        got = evs.status();
+        return;
+      }
+      all.insert(all.end(), evs->begin(), evs->end());
+    }
+    got = all;
+  });
+  ASSERT_TRUE(Step(l, 1).ok());
+  watcher.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), 2u);
+  EXPECT_EQ((*got)[0].state().state(), ftd::v1::RUNNING);
+  EXPECT_EQ((*got)[1].step().step(), 1);
+
+  ASSERT_TRUE(Report(l, RunResult::SUCCEEDED, "").ok());
+  launcher_->Exit(l, Exited(0));
+  auto last = (*watch)->Next(std::chrono::hours(1), &done);
+  ASSERT_TRUE(last.ok());
+  EXPECT_TRUE(done);
+  ASSERT_EQ(last->size(), 2u);
+  EXPECT_TRUE(last->back().has_result());
+}
+
+TEST_F(JobManagerTest, CloseWatchesEndsAWaitingWatch) {
+  auto& m = Make();
+  const std::string id = Submit("w");
+  auto watch = m.WatchJob(id, 1);
+  ASSERT_TRUE(watch.ok());
+  std::thread closer([&] { m.CloseWatches(); });
+  bool done = false;
+  auto evs = (*watch)->Next(std::chrono::hours(1), &done);  // returns once closed
+  closer.join();
+  ASSERT_TRUE(evs.ok());
+  EXPECT_TRUE(evs->empty());
+}
+
+TEST_F(JobManagerTest, StepCountersCountEveryStepWhenReportsAreSparse) {
+  auto& m = Make();
+  Submit("sparse");
+  const LaunchRequest l = StartNext();
+  for (int s : {4, 8, 10}) ASSERT_TRUE(Step(l, s).ok());
+  ASSERT_TRUE(Step(l, 8).ok());  // a repeated report adds nothing
+  EXPECT_EQ(Counter("ftd_worker_steps_total", {{"slot", "cpu"}, {"kernel_set", "eager"}}), 10);
+  EXPECT_EQ(Counter("ftd_worker_tokens_total", {{"slot", "cpu"}, {"kernel_set", "eager"}}), 10 * 128);
+  (void)m;
+}
+
+TEST_F(JobManagerTest, StateGaugeFollowsTransitions) {
+  auto& m = Make();
+  const std::string a = Submit("a");
+  Submit("b");
+  EXPECT_EQ(Counter("ftd_jobs", {{"state", "queued"}}), 2);
+  const LaunchRequest l = StartNext();
+  EXPECT_EQ(Counter("ftd_jobs", {{"state", "queued"}}), 1);
+  EXPECT_EQ(Counter("ftd_jobs", {{"state", "running"}}), 1);
+  ASSERT_TRUE(Report(l, RunResult::SUCCEEDED, "").ok());
+  launcher_->Exit(l, Exited(0));
+  EXPECT_EQ(Counter("ftd_jobs", {{"state", "running"}}), 0);
+  EXPECT_EQ(Counter("ftd_jobs", {{"state", "succeeded"}}), 1);
+  (void)m;
+  (void)a;
+}
+
+}  // namespace
+}  // namespace ftd::server

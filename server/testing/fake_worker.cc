@@ -1,0 +1,175 @@
+// ftd-fake-worker: a stand-in for `ftd-worker agent`, built only for tests and benchmarks. ftd runs
+// it through --worker like the real one; it speaks the real worker protocol (proto/ftd/v1/worker.proto)
+// and acts out a script chosen by the job's name, so that tests can produce outcomes a CPU machine
+// cannot (a GPU out-of-memory) and benchmarks can time the daemon without training anything.
+//
+//   FTD_FAKE_WORKER_SCRIPT  JSON object: job name (or "*" for any other) -> script:
+//     {"steps": 3,                 step reports to send (step 1..N, 128 tokens each)
+//      "step_interval_ms": 10,     pause before each step report
+//      "wait_for_stop": true,      then keep heartbeating until SIGTERM; report CANCELLED and exit 5
+//      "result": "OUT_OF_MEMORY",  a RunResult outcome to report (absent: report nothing)
+//      "message": "...",           its message
+//      "exit": 3,                  the exit code (default 0)
+//      "signal": 9}                or die of this signal instead of exiting
+//   FTD_FAKE_WORKER_REAL    the real ftd-worker: jobs without a script are handed to it (exec)
+//
+// It prints "fake-worker: started unix_us=<t>" first thing and "fake-worker: step <n> sent
+// unix_us=<t>" right before each step report (to the job's worker.log), for latency measurements.
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ftd/v1/worker.grpc.pb.h"
+#include "nlohmann/json.hpp"
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+extern "C" void OnSigterm(int) { g_stop.store(true); }
+
+int64_t UnixUs() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+int Fail(const std::string& what) {
+  std::cerr << "fake-worker: " << what << std::endl;
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::printf("fake-worker: started unix_us=%lld\n", static_cast<long long>(UnixUs()));
+  std::fflush(stdout);
+  struct sigaction sa = {};
+  sa.sa_handler = OnSigterm;
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+
+  std::string address, job_id, token;
+  int attempt = 0;
+  for (int i = 2; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--address") address = v;
+    if (k == "--job") job_id = v;
+    if (k == "--attempt") attempt = std::atoi(v.c_str());
+    if (k == "--token") token = v;
+  }
+  if (argc < 2 || std::string(argv[1]) != "agent" || address.empty() || job_id.empty()) {
+    return Fail("usage: ftd-fake-worker agent --address A --job J --attempt N --token T");
+  }
+  auto stub = ftd::v1::WorkerService::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  ftd::v1::WorkerHello hello;
+  hello.set_job_id(job_id);
+  hello.set_attempt(attempt);
+  hello.set_token(token);
+  hello.set_pid(::getpid());
+  ftd::v1::Assignment assignment;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    ctx.set_wait_for_ready(true);
+    auto st = stub->GetAssignment(&ctx, hello, &assignment);
+    if (!st.ok()) return Fail("cannot get the assignment: " + st.error_message());
+  }
+
+  nlohmann::json scripts = nlohmann::json::object();
+  if (const char* env = std::getenv("FTD_FAKE_WORKER_SCRIPT"); env != nullptr) {
+    scripts = nlohmann::json::parse(env, nullptr, /*allow_exceptions=*/false);
+    if (!scripts.is_object()) return Fail("FTD_FAKE_WORKER_SCRIPT is not a JSON object");
+  }
+  nlohmann::json script;
+  if (scripts.contains(assignment.name())) {
+    script = scripts[assignment.name()];
+  } else if (scripts.contains("*")) {
+    script = scripts["*"];
+  } else if (const char* real = std::getenv("FTD_FAKE_WORKER_REAL"); real != nullptr) {
+    argv[0] = const_cast<char*>(real);
+    ::execv(real, argv);
+    return Fail(std::string("cannot run FTD_FAKE_WORKER_REAL ") + real);
+  } else {
+    return Fail("no script for job \"" + assignment.name() + "\" and no FTD_FAKE_WORKER_REAL");
+  }
+
+  grpc::ClientContext ctx;
+  ftd::v1::WorkerAck ack;
+  auto writer = stub->Stream(&ctx, &ack);
+  std::mutex wmu;
+  auto send = [&](ftd::v1::WorkerMessage m) {
+    std::lock_guard<std::mutex> l(wmu);
+    *m.mutable_hello() = hello;
+    return writer->Write(m);
+  };
+  ftd::v1::WorkerMessage started;
+  started.set_started(true);
+  send(started);
+  std::mutex hb_mu;
+  std::condition_variable hb_cv;
+  bool done = false;
+  std::thread heartbeat([&] {
+    std::unique_lock<std::mutex> l(hb_mu);
+    while (!hb_cv.wait_for(l, std::chrono::seconds(1), [&] { return done; })) {
+      ftd::v1::WorkerMessage m;
+      m.set_heartbeat(true);
+      send(m);
+    }
+  });
+
+  const int steps = script.value("steps", 0);
+  const int interval_ms = script.value("step_interval_ms", 0);
+  for (int s = 1; s <= steps && !g_stop.load(); ++s) {
+    if (interval_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(interval_ms));
+    ftd::v1::WorkerMessage m;
+    m.mutable_step()->set_step(s);
+    m.mutable_step()->set_total_steps(steps);
+    m.mutable_step()->set_tokens(128);
+    m.mutable_step()->set_tokens_total(128LL * s);
+    std::printf("fake-worker: step %d sent unix_us=%lld\n", s, static_cast<long long>(UnixUs()));
+    std::fflush(stdout);
+    send(m);
+  }
+  std::string outcome = script.value("result", "");
+  std::string message = script.value("message", "");
+  int exit_code = script.value("exit", 0);
+  if (script.value("wait_for_stop", false)) {
+    while (!g_stop.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    outcome = "CANCELLED";
+    message = "stopped on request";
+    exit_code = 5;
+  }
+  if (!outcome.empty()) {
+    ftd::v1::RunResult::Outcome o;
+    if (!ftd::v1::RunResult::Outcome_Parse(outcome, &o)) return Fail("unknown result \"" + outcome + "\"");
+    ftd::v1::WorkerMessage m;
+    m.mutable_result()->set_outcome(o);
+    m.mutable_result()->set_message(message);
+    send(m);
+  }
+  {
+    std::lock_guard<std::mutex> l(hb_mu);
+    done = true;
+  }
+  hb_cv.notify_all();
+  heartbeat.join();
+  writer->WritesDone();
+  (void)writer->Finish();
+  std::fflush(stdout);
+  if (script.contains("signal")) {
+    const int sig = script["signal"].get<int>();
+    signal(sig, SIG_DFL);
+    ::raise(sig);
+  }
+  return exit_code;
+}

@@ -1,0 +1,74 @@
+#include "server/worker_launcher.h"
+
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "server/supervisor.h"
+
+namespace ftd::server {
+namespace fs = std::filesystem;
+
+ProcessLauncher::ProcessLauncher(ProcessLauncherConfig cfg)
+    : cfg_(std::move(cfg)),
+      supervisor_(std::make_unique<Supervisor>([this](pid_t pid, ExitStatus st) { OnExit(pid, st); })) {}
+
+ProcessLauncher::~ProcessLauncher() { supervisor_.reset(); }  // joins the reaper before members go
+
+void ProcessLauncher::SetExitHandler(ExitHandler handler) {
+  std::lock_guard<std::mutex> l(mu_);
+  handler_ = std::move(handler);
+}
+
+absl::StatusOr<int64_t> ProcessLauncher::Launch(const LaunchRequest& req) {
+  const fs::path dir = fs::path(cfg_.jobs_dir) / req.job_id;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  SpawnRequest s;
+  s.binary = cfg_.worker_binary;
+  s.args = {"agent", "--address", cfg_.worker_address, "--job", req.job_id, "--attempt", absl::StrCat(req.attempt),
+            "--token", req.token};
+  s.log_path = (dir / "worker.log").string();
+  if (req.slot.rfind("gpu:", 0) == 0) s.env.emplace_back("CUDA_VISIBLE_DEVICES", req.slot.substr(4));
+  s.env.emplace_back("FTD_SLOT", req.slot);
+  // Held across the spawn so that an immediate exit is not reported before the pid is known.
+  std::lock_guard<std::mutex> l(mu_);
+  auto pid = supervisor_->Spawn(s);
+  if (!pid.ok()) return pid.status();
+  attempts_[*pid] = {req.job_id, req.attempt};
+  return static_cast<int64_t>(*pid);
+}
+
+void ProcessLauncher::OnExit(pid_t pid, ExitStatus st) {
+  // Under the lock: SetExitHandler(nullptr) returns only once no handler call is in flight.
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = attempts_.find(pid);
+  if (it == attempts_.end()) return;
+  const auto [job_id, attempt] = std::move(it->second);
+  attempts_.erase(it);
+  if (handler_) handler_(job_id, attempt, st);
+}
+
+void ProcessLauncher::Stop(int64_t pid, std::chrono::milliseconds grace) {
+  supervisor_->Stop(static_cast<pid_t>(pid), static_cast<int>(grace.count()));
+}
+
+void ProcessLauncher::Kill(int64_t pid) { supervisor_->Kill(static_cast<pid_t>(pid)); }
+
+void ProcessLauncher::KillOrphan(int64_t pid, const std::string& job_id) {
+  if (pid <= 0) return;
+  std::ifstream in(absl::StrCat("/proc/", pid, "/cmdline"), std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string cmd = ss.str();
+  // The argv this launcher gives a worker: "... agent --address A --job <id> ...".
+  const std::string agent("\0agent\0", 7), job = std::string("\0--job\0", 7) + job_id + '\0';
+  if (cmd.find(agent) != std::string::npos && cmd.find(job) != std::string::npos) {
+    ::kill(-static_cast<pid_t>(pid), SIGKILL);
+  }
+}
+
+}  // namespace ftd::server

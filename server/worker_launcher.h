@@ -1,0 +1,78 @@
+// Starting and stopping worker processes, behind an interface: the job manager asks for an attempt to
+// be launched and is told when its worker is gone. ProcessLauncher runs `ftd-worker agent` through
+// the Supervisor; tests inject a launcher that starts nothing.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "absl/status/statusor.h"
+#include "server/exit_status.h"
+
+namespace ftd::server {
+
+class Supervisor;
+
+struct LaunchRequest {
+  std::string job_id;
+  int attempt = 0;
+  std::string token;  // the attempt's secret, checked on every worker message
+  std::string slot;   // "gpu:N" or "cpu"
+};
+
+class WorkerLauncher {
+ public:
+  // Called once per launched attempt when its worker has ended (from a thread of the launcher's).
+  using ExitHandler = std::function<void(const std::string& job_id, int attempt, ExitStatus)>;
+  virtual ~WorkerLauncher() = default;
+
+  // Set before the first Launch; nullptr detaches (returning once no call is in flight).
+  virtual void SetExitHandler(ExitHandler handler) = 0;
+  // Starts the attempt's worker; returns its process id (also its process group's).
+  virtual absl::StatusOr<int64_t> Launch(const LaunchRequest& req) = 0;
+  // Asks the worker to stop (SIGTERM to its group), killing it after `grace`.
+  virtual void Stop(int64_t pid, std::chrono::milliseconds grace) = 0;
+  // Kills the worker's process group now.
+  virtual void Kill(int64_t pid) = 0;
+  // A worker a previous daemon started for `job_id` (its pid from the store) may still run: kill its
+  // group if that process is such a worker.
+  virtual void KillOrphan(int64_t pid, const std::string& job_id) = 0;
+};
+
+struct ProcessLauncherConfig {
+  std::string worker_binary;   // ftd-worker (or a test double speaking its protocol)
+  std::string worker_address;  // "unix:<data_dir>/worker.sock"
+  std::string jobs_dir;        // <data_dir>/jobs: <job>/worker.log
+};
+
+// `<worker_binary> agent --address A --job J --attempt N --token T`, in a process group of its own,
+// CUDA_VISIBLE_DEVICES set to its GPU, output appended to jobs/<id>/worker.log.
+class ProcessLauncher final : public WorkerLauncher {
+ public:
+  explicit ProcessLauncher(ProcessLauncherConfig cfg);
+  ~ProcessLauncher() override;
+
+  void SetExitHandler(ExitHandler handler) override;
+  absl::StatusOr<int64_t> Launch(const LaunchRequest& req) override;
+  void Stop(int64_t pid, std::chrono::milliseconds grace) override;
+  void Kill(int64_t pid) override;
+  void KillOrphan(int64_t pid, const std::string& job_id) override;
+
+ private:
+  void OnExit(pid_t pid, ExitStatus st);
+  ProcessLauncherConfig cfg_;
+  ExitHandler handler_;
+  std::mutex mu_;
+  std::map<pid_t, std::pair<std::string, int>> attempts_;  // pid -> (job, attempt)
+  std::unique_ptr<Supervisor> supervisor_;
+};
+
+}  // namespace ftd::server
