@@ -160,7 +160,7 @@ class JobManagerTest : public ::testing::Test {
     return j.ok() ? *j : Job();
   }
   std::vector<JobEvent> EventLog(const std::string& id) {
-    auto e = store_->Events(id, 0, 10000);
+    auto e = store_->Events(id, 0, kMaxEventsPerRead);
     EXPECT_TRUE(e.ok()) << e.status();
     return e.ok() ? *e : std::vector<JobEvent>();
   }
@@ -299,6 +299,8 @@ struct Outcome {
   const char* in_message;
   bool infrastructure;      // retried when attempts are left (docs/api.md)
 };
+
+void PrintTo(const Outcome& o, std::ostream* os) { *os << o.name; }
 
 class OutcomeTest : public JobManagerTest, public ::testing::WithParamInterface<Outcome> {};
 
