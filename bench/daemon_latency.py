@@ -4,9 +4,16 @@ only the daemon's own machinery is timed):
   submit -> RUNNING recorded   from the client's SubmitJob call to the timestamp of the job's RUNNING
                                state event (the daemon's clock; millisecond resolution)
   submit -> worker running     from the SubmitJob call to the worker process's first instruction
-                               (it prints its clock; includes exec and loading the worker binary)
+                               (it prints its clock): the daemon's part, then exec and the dynamic
+                               loading of the worker binary
+  exec -> worker running       that last part alone: the benchmark starting the same binary itself
   step report -> watcher       from the worker writing a step report to a WatchJob client receiving
                                the event (the report goes through the daemon's event log)
+  retry after its backoff      from a retried job's not_before time to its next RUNNING event (the
+                               worker exits without a result, which is retried)
+
+and what an idle daemon costs while 20 clients watch a running job that reports nothing: its CPU
+time and its threads' wake-ups (voluntary context switches) per second.
 
 Jobs run one at a time, each after the previous ended, so the daemon is idle when each is
 submitted. Prints p50/p90/p99/max per measure (target: p99 under 10 ms for the last two) and writes
@@ -23,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -34,6 +42,23 @@ from ftdbench import free_port  # noqa: E402
 
 TINY = {"model": {"preset": "tiny"}, "batch_size": 4, "seq_len": 32, "device": "cpu", "steps": 1}
 RUNNING = enum("JobState", "RUNNING")
+QUEUED = enum("JobState", "QUEUED")
+WATCHERS = 20
+
+
+def cpu_and_switches(pid):
+    """The process's CPU seconds and its threads' voluntary context switches so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    switches = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith("voluntary_ctxt_switches"):  # each a wake-up from a wait
+                    switches += int(line.split()[1])
+        except FileNotFoundError:
+            pass
+    return cpu, switches
 
 
 def pct(xs, p):
@@ -71,11 +96,11 @@ def main():
     tmp = Path(tempfile.mkdtemp(prefix="ftd-latency-"))
     data = tmp / "data"
     scripts = {"stream": {"steps": args.steps, "step_interval_ms": args.interval_ms, "result": "SUCCEEDED"},
-               "*": {"result": "SUCCEEDED"}}
+               "flaky": {"exit": 1}, "hold": {"wait_for_stop": True}, "*": {"result": "SUCCEEDED"}}
     addr = f"127.0.0.1:{free_port()}"
     log = open(tmp / "ftd.log", "wb")
     proc = subprocess.Popen([str(ftd), "--listen", addr, "--metrics-listen", "", "--data-dir", str(data), "--gpus", "0",
-                             "--worker", str(fake)], stdout=log, stderr=log,
+                             "--worker", str(fake), "--backoff-s", "0.02"], stdout=log, stderr=log,
                             env=dict(os.environ, FTD_FAKE_WORKER_SCRIPT=json.dumps(scripts)))
     channel = grpc.insecure_channel(addr)
     svc = JobService(channel)
@@ -101,6 +126,12 @@ def main():
             recorded.append(running_ms[0] - t0 / 1e6)
             spawned.append(int(started.group(1)) / 1e3 - t0 / 1e6)
 
+        exec_only = []
+        for _ in range(args.jobs):
+            t0 = time.time_ns()
+            p = subprocess.run([str(fake)], capture_output=True, text=True)  # prints its clock, then its usage
+            exec_only.append(int(re.search(r"started unix_us=(\d+)", p.stdout).group(1)) / 1e3 - t0 / 1e6)
+
         received = {}
         job = svc.SubmitJob(msg("SubmitJobRequest")(spec=spec(TINY), name="stream"), timeout=10).job.id
         watch(svc, job, lambda e, t: received.setdefault(e.step.step, t) if e.WhichOneof("event") == "step" else None)
@@ -109,6 +140,32 @@ def main():
         step_delay = [received[s] / 1e6 - sent[s] / 1e3 for s in sent if s in received]
         if len(step_delay) != args.steps:
             raise RuntimeError(f"{len(step_delay)} of {args.steps} step reports reached the watcher")
+
+        retry_delay = []
+        for i in range(max(1, args.jobs // 4)):
+            states = []
+            job = svc.SubmitJob(msg("SubmitJobRequest")(spec=spec(TINY), name="flaky", max_attempts=5), timeout=10).job.id
+            watch(svc, job, lambda e, _: states.append((e.unix_ms, e.state)) if e.WhichOneof("event") == "state" else None)
+            not_before = None
+            for ms, st in states:
+                if st.state == QUEUED and st.not_before_unix_ms > 0:
+                    not_before = st.not_before_unix_ms
+                elif st.state == RUNNING and not_before is not None:
+                    retry_delay.append(ms - not_before)
+                    not_before = None
+
+        job = svc.SubmitJob(msg("SubmitJobRequest")(spec=spec(TINY), name="hold"), timeout=10).job.id
+        watchers = [threading.Thread(target=watch, args=(svc, job, lambda e, t: None)) for _ in range(WATCHERS)]
+        for w in watchers:
+            w.start()
+        time.sleep(2)  # every watcher connected and waiting
+        c0, s0, t0 = *cpu_and_switches(proc.pid), time.time()
+        time.sleep(10)
+        c1, s1, t1 = *cpu_and_switches(proc.pid), time.time()
+        idle = {"cpu_ms_per_s": (c1 - c0) * 1000 / (t1 - t0), "switches_per_s": (s1 - s0) / (t1 - t0)}
+        svc.CancelJob(msg("CancelJobRequest")(id=job), timeout=10)
+        for w in watchers:
+            w.join(timeout=60)
     finally:
         channel.close()
         proc.terminate()
@@ -116,14 +173,17 @@ def main():
         log.close()
 
     rows = [summary("submit -> RUNNING recorded", recorded), summary("submit -> worker running", spawned),
-            summary("step report -> watcher", step_delay)]
-    (out / "daemon_latency.json").write_text(json.dumps({"ftd": str(ftd), "rows": rows}, indent=1))
+            summary("exec -> worker running", exec_only), summary("step report -> watcher", step_delay),
+            summary("retry after its backoff", retry_delay)]
+    (out / "daemon_latency.json").write_text(json.dumps({"ftd": str(ftd), "rows": rows, "idle": idle}, indent=1))
     print(f"\nftd: {ftd} ({args.jobs} jobs, {args.steps} step reports every {args.interval_ms} ms; idle daemon)")
     print("| measure | n | p50 ms | p90 ms | p99 ms | max ms |")
     print("|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['measure']} | {r['n']} | {r['p50_ms']:.2f} | {r['p90_ms']:.2f} | {r['p99_ms']:.2f} | "
               f"{r['max_ms']:.2f} |")
+    print(f"\nidle, {WATCHERS} watchers on a silent running job: {idle['cpu_ms_per_s']:.1f} ms CPU/s, "
+          f"{idle['switches_per_s']:.0f} wake-ups/s")
     shutil.rmtree(tmp, ignore_errors=True)
 
 
