@@ -19,13 +19,15 @@ Jobs run one at a time, each after the previous ended, so the daemon is idle whe
 submitted. Prints p50/p90/p99/max per measure (target: p99 under 10 ms for the last two) and writes
 daemon_latency.json. --ftd runs another ftd binary (e.g. an older build) against the same worker.
 
-  python3 bench/daemon_latency.py --build build [--ftd PATH] [--jobs 200] [--steps 300] [--interval-ms 10]
+  python3 bench/daemon_latency.py --build build [--ftd PATH] [--fake-worker PATH] [--jobs 200] [--steps 300]
+                                  [--interval-ms 10]
 """
 import argparse
 import json
 import os
 import re
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -38,7 +40,6 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "python"))
 from ftdapi import JobService, enum, msg, spec  # noqa: E402
-from ftdbench import free_port  # noqa: E402
 
 TINY = {"model": {"preset": "tiny"}, "batch_size": 4, "seq_len": 32, "device": "cpu", "steps": 1}
 RUNNING = enum("JobState", "RUNNING")
@@ -59,6 +60,12 @@ def cpu_and_switches(pid):
         except FileNotFoundError:
             pass
     return cpu, switches
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def pct(xs, p):
@@ -83,6 +90,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", required=True)
     ap.add_argument("--ftd", help="the ftd binary (default: BUILD/server/ftd)")
+    ap.add_argument("--fake-worker", help="ftd-fake-worker (default: BUILD/server/ftd-fake-worker)")
     ap.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
     ap.add_argument("--jobs", type=int, default=200)
     ap.add_argument("--steps", type=int, default=300)
@@ -90,7 +98,7 @@ def main():
     args = ap.parse_args()
     build = Path(args.build).resolve()
     ftd = Path(args.ftd or build / "server" / "ftd").resolve()
-    fake = build / "server" / "ftd-fake-worker"
+    fake = Path(args.fake_worker or build / "server" / "ftd-fake-worker").resolve()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="ftd-latency-"))

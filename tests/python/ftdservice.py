@@ -30,12 +30,14 @@ def free_port():
 
 class Daemon:
     """`scripts` ({job name: script}) runs the jobs so named with ftd-fake-worker acting out the
-    script, and every other job with the real ftd-worker."""
+    script, and every other job with the real ftd-worker. `unix_socket` serves clients on a socket
+    in `tmp` instead of a loopback port: for tests that restart the daemon while clients retry, so
+    that no other process can take the port in between and answer them."""
 
-    def __init__(self, tmp, *flags, env=None, scripts=None):
+    def __init__(self, tmp, *flags, env=None, scripts=None, unix_socket=False):
         self.data = Path(tmp) / "data"
         self.port, self.metrics_port = free_port(), free_port()
-        self.addr = f"127.0.0.1:{self.port}"
+        self.addr = f"unix:{Path(tmp) / 'ftd.sock'}" if unix_socket else f"127.0.0.1:{self.port}"
         self.flags = list(flags)
         self.env = dict(os.environ, **(env or {}))
         if scripts is not None:

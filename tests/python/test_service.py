@@ -105,7 +105,7 @@ def test_durability_under_sigkill(tmp_path):
     """SIGKILL the daemon at random moments while a client submits; after each restart every
     acknowledged job exists, the database is intact, nothing is duplicated, and retrying a
     request_id returns the same job."""
-    d = Daemon(tmp_path, "--paused")
+    d = Daemon(tmp_path, "--paused", unix_socket=True)
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps(dict(TINY, steps=1)))
     acked = {}  # request_id -> job id
@@ -302,7 +302,7 @@ def test_restart_with_a_running_job_follows_the_policy(tmp_path, policy, expect)
 
 
 def test_watch_resumes_across_a_daemon_restart_without_missing_events(tmp_path):
-    d = Daemon(tmp_path)
+    d = Daemon(tmp_path, unix_socket=True)
     try:
         job = submit(d, dict(TINY, steps=80))
         from ftdservice import FTCTL
