@@ -122,7 +122,10 @@ absl::Status TrainConfig::Validate() const {
 }
 
 bool KernelChoice::any() const {
-  return std::any_of(fused.begin(), fused.end(), [](bool b) { return b; });
+  for (size_t i = 0; i < fused.size(); ++i) {
+    if (fused[i] && static_cast<KernelOp>(i) != KernelOp::kLora) return true;
+  }
+  return false;
 }
 
 std::string KernelChoice::ToString() const {
@@ -135,7 +138,8 @@ std::string KernelChoice::ToString() const {
 
 const char* KernelChoice::Label() const {
   const bool all = std::all_of(fused.begin(), fused.end(), [](bool b) { return b; });
-  return all ? "fused" : any() ? "mixed" : "eager";
+  const bool none = std::none_of(fused.begin(), fused.end(), [](bool b) { return b; });
+  return all ? "fused" : none ? "eager" : "mixed";
 }
 
 KernelChoice TrainConfig::Kernels() const {

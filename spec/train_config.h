@@ -58,15 +58,17 @@ struct ProfileConfig {
 };
 
 // The ops a kernel set chooses an implementation for (docs/job-spec.md, "Kernel sets").
-enum class KernelOp { kRmsNorm, kRope, kSwiGlu, kCrossEntropy, kLinearCrossEntropy, kAdamW };
-inline constexpr std::array<const char*, 6> kKernelOpNames = {
-    "rmsnorm", "rope", "swiglu", "cross_entropy", "linear_cross_entropy", "adamw"};
+// kLora: LoRA's adapter terms, grouped per shared input and accumulated into the frozen projection's
+// GEMM (LibTorch ops, any device; eager: PEFT's per-module composite ops).
+enum class KernelOp { kRmsNorm, kRope, kSwiGlu, kCrossEntropy, kLinearCrossEntropy, kAdamW, kLora };
+inline constexpr std::array<const char*, 7> kKernelOpNames = {
+    "rmsnorm", "rope", "swiglu", "cross_entropy", "linear_cross_entropy", "adamw", "lora"};
 
 // Which ops run our fused CUDA kernels (true) and which LibTorch's composite ops (false).
 struct KernelChoice {
   std::array<bool, kKernelOpNames.size()> fused{};
   bool operator[](KernelOp op) const { return fused[static_cast<size_t>(op)]; }
-  bool any() const;
+  bool any() const;  // any op on ftd's CUDA kernels (which need a GPU; `lora` runs anywhere)
   std::string ToString() const;  // "eager", "fused", or "fused (eager: linear_cross_entropy)"
   const char* Label() const;     // a closed set for metrics: "eager", "fused" or "mixed"
 };

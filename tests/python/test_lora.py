@@ -56,12 +56,14 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("lora_op", ["eager", "fused"])
 @pytest.mark.parametrize("name,targets,rank,alpha,rslora,accum,clip,kind", CASES,
                          ids=[f"{c[0]}-r{c[2]}-{len(c[1])}mods" for c in CASES])
-def test_ten_adamw_steps_match_peft(name, targets, rank, alpha, rslora, accum, clip, kind, tmp_path):
+def test_ten_adamw_steps_match_peft(name, targets, rank, alpha, rslora, accum, clip, kind, lora_op, tmp_path):
     """Both start from the same adapters (PEFT's, B non-zero so every path carries signal from step
     1) saved by PEFT and read by ftd through spec.lora.adapter_path; same batches, schedule, clipping,
-    weight decay. Losses within 1e-5, gradient norms within 1e-4, and the adapters after 10 steps."""
+    weight decay. Losses within 1e-5, gradient norms within 1e-4, and the adapters after 10 steps.
+    Both implementations of the lora op: eager (per module, as PEFT) and fused (grouped per input)."""
     base = make_hf_model(name, tmp_path / "m", seed=5)
     torch.manual_seed(torch.seed() % 2**31)
     model = peft_model(base, targets, rank, alpha, rslora, init=False)
@@ -77,10 +79,11 @@ def test_ten_adamw_steps_match_peft(name, targets, rank, alpha, rslora, accum, c
         "steps": steps, "batch_size": b, "seq_len": t, "grad_accum_steps": accum, "device": "cpu", "dtype": "fp32",
         "lora": {"rank": rank, "alpha": alpha, "target_modules": targets, "use_rslora": rslora,
                  "adapter_path": str(tmp_path / "init")},
-        "checkpoint": {"dir": str(tmp_path / "ck")},
+        "checkpoint": {"dir": str(tmp_path / "ck")}, "kernels": {"lora": lora_op},
     }
-    _, ours, result, _ = run_worker(spec, tmp_path)
+    _, ours, result, log = run_worker(spec, tmp_path)
     assert result["outcome"] == "SUCCEEDED" and len(ours) == steps
+    assert ("kernels eager" in log) == (lora_op == "eager"), log  # the op ran as asked
 
     params = [p for p in model.parameters() if p.requires_grad]
     assert params and all(p.dim() == 2 for p in params)  # adapters only; all decayed (rank >= 2)

@@ -26,6 +26,105 @@ torch::Tensor LoraLinear(const torch::Tensor& x, const torch::Tensor& w, const L
   return (y + delta).to(y.scalar_type());
 }
 
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Inputs (flattened by LibTorch): x, then n weights, n A, n B; outputs: n projections.
+struct LoraGroupFn : public torch::autograd::Function<LoraGroupFn> {
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& x, at::TensorList ws, at::TensorList as,
+                               at::TensorList bs, double scale) {
+    const int64_t n = static_cast<int64_t>(ws.size()), in = x.size(-1);
+    auto x2 = x.reshape({-1, in});
+    const auto dt = x.scalar_type();
+    std::vector<torch::Tensor> a_cast, b_cast;
+    for (int64_t i = 0; i < n; ++i) {
+      a_cast.push_back(as[i].to(dt));
+      b_cast.push_back(bs[i].to(dt));
+    }
+    auto a_cat = torch::cat(a_cast, 0);                // [R, in]
+    auto u = torch::mm(x2, a_cat.t());                 // [N, R]
+    variable_list out;
+    auto shape = x.sizes().vec();
+    int64_t off = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t r = as[i].size(0);
+      auto y = torch::mm(x2, ws[i].t());
+      y.addmm_(u.narrow(1, off, r), b_cast[i].t(), /*beta=*/1, /*alpha=*/scale);
+      shape.back() = ws[i].size(0);
+      out.push_back(y.view(shape));
+      off += r;
+    }
+    variable_list saved = {x2, u, a_cat};
+    for (int64_t i = 0; i < n; ++i) saved.push_back(ws[i]);
+    for (int64_t i = 0; i < n; ++i) saved.push_back(b_cast[i]);
+    ctx->save_for_backward(saved);
+    ctx->saved_data["n"] = n;
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["x_shape"] = x.sizes().vec();
+    ctx->saved_data["a_dtype"] = static_cast<int64_t>(as[0].scalar_type());
+    ctx->saved_data["b_dtype"] = static_cast<int64_t>(bs[0].scalar_type());
+    std::vector<int64_t> ranks;
+    for (int64_t i = 0; i < n; ++i) ranks.push_back(as[i].size(0));
+    ctx->saved_data["ranks"] = ranks;
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const int64_t n = ctx->saved_data["n"].toInt();
+    const double scale = ctx->saved_data["scale"].toDouble();
+    const auto ranks = ctx->saved_data["ranks"].toIntVector();
+    const auto a_dtype = static_cast<torch::ScalarType>(ctx->saved_data["a_dtype"].toInt());
+    const auto b_dtype = static_cast<torch::ScalarType>(ctx->saved_data["b_dtype"].toInt());
+    const auto& x2 = saved[0];
+    const auto& u = saved[1];
+    const auto& a_cat = saved[2];
+    std::vector<torch::Tensor> dy;
+    for (int64_t i = 0; i < n; ++i) dy.push_back(grads[i].reshape({x2.size(0), -1}));
+    // The adapters' gradient at their rank-sized bottleneck: g_i = scale * dy_i B_i.
+    std::vector<torch::Tensor> g;
+    for (int64_t i = 0; i < n; ++i) g.push_back(torch::mm(dy[i], saved[3 + n + i]));
+    auto g_cat = torch::cat(g, 1).mul_(scale);  // [N, R]
+    torch::Tensor dx;
+    if (ctx->needs_input_grad(0)) {
+      dx = torch::mm(dy[0], saved[3]);
+      for (int64_t i = 1; i < n; ++i) dx.addmm_(dy[i], saved[3 + i]);
+      dx.addmm_(g_cat, a_cat);
+      dx = dx.view(ctx->saved_data["x_shape"].toIntVector());
+    }
+    auto da_cat = torch::mm(g_cat.t(), x2);  // [R, in]
+    variable_list out = {dx};
+    for (int64_t i = 0; i < n; ++i) out.emplace_back();  // frozen weights
+    int64_t off = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      out.push_back(da_cat.narrow(0, off, ranks[i]).to(a_dtype));
+      off += ranks[i];
+    }
+    off = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      auto db = torch::mm(dy[i].t(), u.narrow(1, off, ranks[i]));
+      out.push_back(db.mul_(scale).to(b_dtype));
+      off += ranks[i];
+    }
+    out.emplace_back();  // scale
+    return out;
+  }
+};
+
+}  // namespace
+
+std::vector<torch::Tensor> LoraLinearGroup(const torch::Tensor& x, const std::vector<torch::Tensor>& ws,
+                                           const std::vector<const LoraAdapter*>& ads, double scale) {
+  std::vector<torch::Tensor> as, bs;
+  for (const auto* ad : ads) {
+    as.push_back(ad->a);
+    bs.push_back(ad->b);
+  }
+  return LoraGroupFn::apply(x, at::TensorList(ws), at::TensorList(as), at::TensorList(bs), scale);
+}
+
 std::string LoraTensorName(int64_t layer, spec::LoraTarget t, bool is_b) {
   const auto i = static_cast<size_t>(t);
   return absl::StrCat("base_model.model.model.layers.", layer, ".", spec::kLoraModuleParents[i], ".",

@@ -34,6 +34,16 @@ using LayerAdapters = std::array<LoraAdapter, spec::kNumLoraTargets>;
 torch::Tensor LoraLinear(const torch::Tensor& x, const torch::Tensor& w, const LoraAdapter& ad, double scale,
                          double dropout, bool train);
 
+// The `fused` lora op: projections of one input x [..., in] (q/k/v, or gate/up) with frozen weights
+// ws[i] [out_i, in] and adapters ads[i] (all on; dropout 0). One GEMM computes every adapter's
+// x A^T (A concatenated), each base GEMM's output receives its adapter's term in the GEMM's epilogue
+// (addmm, beta 1, alpha scale), all in x's dtype with fp32 accumulation; backward likewise: one GEMM
+// for the adapters' input gradients, dA from one GEMM, no weight gradient for ws. Saves x and the
+// [N, sum of ranks] adapter activations only (eager saves a copy of x in the adapters' dtype per
+// adapter). Returns y_i [..., out_i].
+std::vector<torch::Tensor> LoraLinearGroup(const torch::Tensor& x, const std::vector<torch::Tensor>& ws,
+                                           const std::vector<const LoraAdapter*>& ads, double scale);
+
 // PEFT's name of an adapter matrix: base_model.model.model.layers.<i>.<self_attn|mlp>.<q_proj>.lora_<A|B>.weight
 std::string LoraTensorName(int64_t layer, spec::LoraTarget t, bool is_b);
 

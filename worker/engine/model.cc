@@ -254,6 +254,31 @@ torch::Tensor LlamaModel::Project(const torch::Tensor& x, const torch::Tensor& w
   return LoraLinear(x, w, ad, lora_.Scale(), lora_.dropout, train);
 }
 
+std::vector<torch::Tensor> LlamaModel::ProjectShared(const torch::Tensor& x, const std::vector<torch::Tensor>& ws,
+                                                     const std::vector<const LoraAdapter*>& ads, bool train) const {
+  std::vector<torch::Tensor> out(ws.size());
+  // The grouped function has no dropout: with lora.dropout > 0 the eager path runs.
+  const bool grouped = lora_.enabled && kernels_[KernelOp::kLora] && !(lora_.dropout > 0 && train);
+  std::vector<torch::Tensor> gw;
+  std::vector<const LoraAdapter*> ga;
+  std::vector<size_t> where;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    if (grouped && ads[i]->on()) {
+      gw.push_back(ws[i]);
+      ga.push_back(ads[i]);
+      where.push_back(i);
+    } else {
+      out[i] = Project(x, ws[i], *ads[i], train);
+    }
+  }
+  if (!gw.empty()) {
+    RECORD_USER_SCOPE("ftd::op::lora");
+    auto ys = LoraLinearGroup(x, gw, ga, lora_.Scale());
+    for (size_t j = 0; j < where.size(); ++j) out[where[j]] = ys[j];
+  }
+  return out;
+}
+
 torch::Tensor LlamaModel::Hidden(const torch::Tensor& ids, bool train) {
   const auto& c = config_;
   const int64_t B = ids.size(0), T = ids.size(1);
@@ -263,19 +288,18 @@ torch::Tensor LlamaModel::Hidden(const torch::Tensor& ids, bool train) {
     auto h = Norm(x, L.input_norm);
     using spec::LoraTarget;
     auto lora = [&](LoraTarget t) -> const LoraAdapter& { return L.lora[static_cast<size_t>(t)]; };
-    auto q = Rotate(Project(h, L.q, lora(LoraTarget::kQ), train).view({B, T, c.num_attention_heads, c.head_dim}), T);
-    auto k = Rotate(Project(h, L.k, lora(LoraTarget::kK), train).view({B, T, c.num_key_value_heads, c.head_dim}), T);
-    auto v = Project(h, L.v, lora(LoraTarget::kV), train)
-                 .view({B, T, c.num_key_value_heads, c.head_dim})
-                 .transpose(1, 2);
+    auto qkv = ProjectShared(h, {L.q, L.k, L.v}, {&lora(LoraTarget::kQ), &lora(LoraTarget::kK), &lora(LoraTarget::kV)},
+                             train);
+    auto q = Rotate(qkv[0].view({B, T, c.num_attention_heads, c.head_dim}), T);
+    auto k = Rotate(qkv[1].view({B, T, c.num_key_value_heads, c.head_dim}), T);
+    auto v = qkv[2].view({B, T, c.num_key_value_heads, c.head_dim}).transpose(1, 2);
     auto a = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/T > 1,
                                               scale, /*enable_gqa=*/c.num_key_value_heads != c.num_attention_heads);
     a = a.transpose(1, 2).reshape({B, T, c.num_attention_heads * c.head_dim});
-    x = x + Project(a, L.o, lora(LoraTarget::kO), train);
+    x = x + ProjectShared(a, {L.o}, {&lora(LoraTarget::kO)}, train)[0];
     h = Norm(x, L.post_norm);
-    auto gate = Project(h, L.gate, lora(LoraTarget::kGate), train);
-    auto up = Project(h, L.up, lora(LoraTarget::kUp), train);
-    x = x + Project(SwiGlu(gate, up), L.down, lora(LoraTarget::kDown), train);
+    auto gate_up = ProjectShared(h, {L.gate, L.up}, {&lora(LoraTarget::kGate), &lora(LoraTarget::kUp)}, train);
+    x = x + ProjectShared(SwiGlu(gate_up[0], gate_up[1]), {L.down}, {&lora(LoraTarget::kDown)}, train)[0];
   }
   return Norm(x, final_norm_);
 }

@@ -85,6 +85,10 @@ class LlamaModel {
   torch::Tensor Hidden(const torch::Tensor& ids, bool train);
   // x W^T for one of a layer's projections, plus its adapter's term with LoRA.
   torch::Tensor Project(const torch::Tensor& x, const torch::Tensor& w, const LoraAdapter& ad, bool train) const;
+  // Several projections of one input (q/k/v, gate/up): with the fused lora op, every adapted one in
+  // one grouped autograd function (lora.h), the others plain.
+  std::vector<torch::Tensor> ProjectShared(const torch::Tensor& x, const std::vector<torch::Tensor>& ws,
+                                           const std::vector<const LoraAdapter*>& ads, bool train) const;
   absl::Status WriteWeights(const std::string& dir, bool merged) const;
 
   LlamaConfig config_;
