@@ -3,15 +3,16 @@
 # tests and the benchmarks, in one go. Debian packages the machine lacks (gRPC, Abseil,
 # prometheus-cpp, GoogleTest, CLI11, JSON) come unpacked from .devdeps/ when present
 # (scripts/fetch-gpu-deps.sh fills it on a development machine). Results go to $OUT (default gpu-out/).
-#   scripts/gpu.sh [STAGE...]    stages, run in the order given: build test kbench e2e service profile
-#                                default (none given: build test kbench e2e service profile)
-# Environment: BENCH_ARGS (bench/train_bench.py flags), KBENCH_ARGS (ftd-kernel-bench flags),
+#   scripts/gpu.sh [STAGE...]    stages, run in the order given: build test kbench e2e lora service profile
+#                                default (none given: build test kbench e2e lora service profile)
+# Environment: BENCH_ARGS (bench/train_bench.py flags), LORA_ARGS (bench/lora_bench.py flags),
+# KBENCH_ARGS (ftd-kernel-bench flags),
 # CUDA_ARCHS (default "90;100;103": the H100/H200 and the B200/GB300 in one binary).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(build test kbench e2e service profile)
+[ ${#stages[@]} -eq 0 ] && stages=(build test kbench e2e lora service profile)
 out=${OUT:-$root/gpu-out}
 mkdir -p "$out"
 build=$root/build-gpu
@@ -58,6 +59,10 @@ for stage in "${stages[@]}"; do
       stamp "end-to-end training benchmark"
       python3 bench/train_bench.py --worker "$build/worker/ftd-worker" --out "$out" ${BENCH_ARGS:-} 2>&1 \
         | tee "$out/train_bench.log" | grep -v "^{" ;;
+    lora)
+      stamp "LoRA benchmark: ftd eager, ftd fused, HF + PEFT; measured vs predicted peak memory"
+      python3 bench/lora_bench.py --worker "$build/worker/ftd-worker" --out "$out" ${LORA_ARGS:-} 2>&1 \
+        | tee "$out/lora_bench.log" | grep -v "^{" ;;
     service)
       stamp "through ftd and ftctl vs standalone"
       python3 bench/service_bench.py --build "$build" --out "$out" ${SERVICE_ARGS:-} 2>&1 | tee "$out/service_bench.log" ;;
@@ -67,7 +72,7 @@ for stage in "${stages[@]}"; do
     default)
       "$build/worker/ftd-worker" run --default --format text --set steps=${DEFAULT_STEPS:-10} 2>&1 \
         | tee "$out/default-job.log" | tail -4 ;;
-    *) echo "gpu.sh: unknown stage $stage (build test kbench e2e service profile default)"; exit 2 ;;
+    *) echo "gpu.sh: unknown stage $stage (build test kbench e2e lora service profile default)"; exit 2 ;;
   esac
 done
 stamp "done (rc $rc)"

@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/match.h"
+#include "spec/peak_memory.h"
 #include "worker/engine/checkpoint.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/fused_ops.h"
@@ -157,6 +158,7 @@ RunSummary Run(const TrainConfig& cfg, const RunHooks& hooks) {
   log(absl::StrFormat("model: %.3fB parameters (%d layers, hidden %d, vocab %d), %s on %s, kernels %s; data: %d tokens",
                       static_cast<double>(mc->NumParameters()) / 1e9, mc->num_hidden_layers, mc->hidden_size,
                       mc->vocab_size, bf16 ? "bf16" : "fp32", device.str(), kernels.ToString(), data.num_tokens()));
+  log(absl::StrCat("predicted ", spec::PredictPeakMemory(*mc, cfg, device.is_cuda()).ToString()));
   if (model.lora()) {
     int64_t n = 0;
     for (const auto& [name, t] : model.trainable_parameters()) n += t.numel();

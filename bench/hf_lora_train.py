@@ -1,0 +1,72 @@
+"""HF transformers + PEFT LoRA baseline: the LLaMA-3.1-8B shape (random init, bf16 base, sdpa
+attention), LoRA on the given modules (PEFT's defaults: fp32 adapters, kaiming-uniform A, B zero),
+torch.optim.AdamW(fused=True) over the adapters, gradient clipping at 1.0, trained on the same token
+windows as ftd-worker. Prints one JSON object with per-step metrics. Used by bench/lora_bench.py."""
+import argparse
+import json
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", required=True, help="uint32 token file")
+    ap.add_argument("--batch", type=int, required=True)
+    ap.add_argument("--seq", type=int, required=True)
+    ap.add_argument("--steps", type=int, required=True)
+    ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--alpha", type=float, default=32)
+    ap.add_argument("--lr", type=float, default=1e-4)
+    args = ap.parse_args()
+
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-5,
+                      rope_theta=500000.0, max_position_embeddings=131072, tie_word_embeddings=False,
+                      rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                        original_max_position_embeddings=8192))
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        base = LlamaForCausalLM._from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa")
+    model = get_peft_model(base, LoraConfig(r=args.rank, lora_alpha=args.alpha, lora_dropout=0.0,
+                                            target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                            "up_proj", "down_proj"], task_type="CAUSAL_LM"))
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, fused=True)
+    w = args.seq + 1
+    tokens = np.fromfile(args.tokens, dtype="<u4")
+    windows = torch.from_numpy(tokens[: (len(tokens) // w) * w].astype(np.int64)).view(-1, w)
+    steps = []
+    out = {"impl": "hf-peft", "batch": args.batch, "seq": args.seq, "steps": steps,
+           "adapter_dtype": str(params[0].dtype), "trainable": sum(p.numel() for p in params)}
+    try:
+        for s in range(args.steps):
+            torch.cuda.reset_peak_memory_stats()
+            t0 = time.perf_counter()
+            batch = windows[s * args.batch:(s + 1) * args.batch].cuda(non_blocking=True)
+            logits = model(input_ids=batch[:, :-1]).logits
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1))
+            loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            loss_v, _ = loss.item(), norm.item()
+            torch.cuda.synchronize()
+            dt = time.perf_counter() - t0
+            steps.append({"step": s + 1, "loss": loss_v, "step_time_s": dt, "tokens_per_s": args.batch * args.seq / dt,
+                          "peak_mem_allocated_bytes": torch.cuda.max_memory_allocated(),
+                          "peak_mem_reserved_bytes": torch.cuda.max_memory_reserved()})
+        out["outcome"] = "SUCCEEDED"
+    except torch.OutOfMemoryError as e:
+        out["outcome"] = "OUT_OF_MEMORY"
+        out["message"] = str(e).splitlines()[0]
+    print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()

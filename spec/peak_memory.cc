@@ -1,0 +1,129 @@
+#include "spec/peak_memory.h"
+
+#include <algorithm>
+#include <array>
+
+#include "absl/strings/str_format.h"
+
+namespace ftd::spec {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+}  // namespace
+
+double PeakMemory::Peak() const {
+  // `head` holds the larger of the loss head's transients; `activations` what is saved at the end of
+  // the forward pass. The optimizer step holds the gradients but no activations.
+  return weights + optimizer + other + std::max(activations + head, gradients);
+}
+
+std::string PeakMemory::ToString() const {
+  return absl::StrFormat(
+      "peak %.1f GiB: weights %.2f GiB, optimizer state %.2f GiB, gradients %.2f GiB, activations %.2f GiB, "
+      "loss head %.2f GiB, other %.2f GiB",
+      Peak() / kGiB, weights / kGiB, optimizer / kGiB, gradients / kGiB, activations / kGiB, head / kGiB,
+      other / kGiB);
+}
+
+PeakMemory PredictPeakMemory(const LlamaConfig& m, const TrainConfig& c, bool gpu) {
+  const bool bf16 = c.dtype == "bf16" || (c.dtype == "auto" && gpu);
+  const double e = bf16 ? 2 : 4;  // bytes per element of the base
+  const KernelChoice k = c.Kernels();
+  const double h = static_cast<double>(m.hidden_size), f = static_cast<double>(m.intermediate_size);
+  const double heads = static_cast<double>(m.num_attention_heads);
+  const double q = heads * static_cast<double>(m.head_dim);
+  const double kv = static_cast<double>(m.num_key_value_heads * m.head_dim);
+  const double vocab = static_cast<double>(m.vocab_size), layers = static_cast<double>(m.num_hidden_layers);
+  const double tokens = static_cast<double>(c.batch_size) * static_cast<double>(c.seq_len);
+  const double params = static_cast<double>(m.NumParameters());
+  const LoraConfig& lora = c.lora;
+  const bool full = !lora.enabled;
+
+  // Inputs and outputs of the seven projections, by LoraTarget.
+  const std::array<double, kNumLoraTargets> in = {h, h, h, q, h, h, f};
+  const std::array<double, kNumLoraTargets> out = {q, kv, kv, h, f, f, h};
+  std::array<bool, kNumLoraTargets> on{};
+  if (lora.enabled) on = lora.Targets();
+  const double r = static_cast<double>(lora.rank);
+  const double ea = lora.dtype == "bf16" ? 2 : 4;  // bytes per adapter element
+  double adapter_params = 0;
+  for (size_t t = 0; t < on.size(); ++t) {
+    if (on[t]) adapter_params += layers * r * (in[t] + out[t]);
+  }
+
+  PeakMemory p;
+  if (lora.enabled) {
+    p.weights = params * e + adapter_params * ea;
+    p.optimizer = 2 * adapter_params * ea;
+    p.gradients = adapter_params * ea;
+  } else {
+    const bool masters = c.fp32_master_weights && bf16;
+    p.weights = params * e + (masters ? 4 * params : 0);
+    p.optimizer = 2 * params * (masters ? 4 : e);
+    p.gradients = params * e;
+  }
+
+  // What one layer saves for backward, per token (bytes). A frozen projection without an adapter
+  // saves nothing (its input gradient needs only the weight); a trained weight saves its input; an
+  // adapter saves its input in the adapters' dtype (eager: one copy per adapter when that differs
+  // from the base's) or, grouped (fused lora op), the shared input once.
+  const bool grouped = lora.enabled && k[KernelOp::kLora] && lora.dropout == 0;
+  auto input_saved = [&](std::initializer_list<LoraTarget> group, double width) {
+    bool any = false;
+    double eager_copies = 0;
+    for (auto t : group) {
+      const auto i = static_cast<size_t>(t);
+      any = any || on[i];
+      if (on[i] && !grouped && ea != e) eager_copies += width * ea;
+    }
+    if (full) return width * e;
+    if (!any) return 0.0;
+    return (grouped || ea == e) ? width * e : eager_copies;
+  };
+  double per_layer = 0;
+  // RMSNorm, twice: fused saves its input; eager its input in fp32 (and the normalised x when the
+  // norm's weight is trained).
+  per_layer += 2 * (k[KernelOp::kRmsNorm] ? h * e : 4 * h + (full ? h * e : 0));
+  per_layer += input_saved({LoraTarget::kQ, LoraTarget::kK, LoraTarget::kV}, h);
+  // Attention (sdpa): q, k, v, its output (which is o_proj's input, a view) and the log-sum-exp.
+  per_layer += (2 * q + 2 * kv) * e + heads * 4;
+  if (!full && on[static_cast<size_t>(LoraTarget::kO)] && !grouped && ea != e) per_layer += q * ea;
+  per_layer += input_saved({LoraTarget::kGate, LoraTarget::kUp}, h);
+  // SwiGLU: fused saves gate and up; eager also silu(gate).
+  per_layer += (k[KernelOp::kSwiGlu] ? 2 : 3) * f * e;
+  per_layer += input_saved({LoraTarget::kDown}, f);
+  // The adapters' rank-sized activations.
+  for (size_t t = 0; t < on.size(); ++t) {
+    if (on[t]) per_layer += r * (grouped ? e : ea);
+  }
+  const double final_norm = k[KernelOp::kRmsNorm] ? h * e : 4 * h + (full ? h * e : 0);
+  p.activations = tokens * (layers * per_layer + final_norm);
+
+  // The loss head. A trained lm_head (full fine-tuning) adds its weight gradient.
+  const double lm_grad = full ? vocab * h * e : 0;
+  if (k[KernelOp::kLinearCrossEntropy]) {
+    // Gradients computed in the forward pass and kept for backward (dx, dW), plus one chunk of
+    // logits while it runs.
+    const double chunk = std::min(tokens, 2048.0);
+    p.activations += tokens * h * e + lm_grad;
+    p.head = chunk * vocab * e;
+  } else if (k[KernelOp::kCrossEntropy]) {
+    // The logits are saved in the model dtype; backward writes their gradient, then lm_head's.
+    p.activations += tokens * vocab * e + (full ? tokens * h * e : 0);
+    p.head = tokens * vocab * e + lm_grad;
+  } else {
+    // Eager: the fp32 log-softmax is saved; its backward holds it, the incoming gradient and the
+    // gradient it writes, all fp32 over the vocabulary.
+    p.activations += tokens * vocab * 4 + (full ? tokens * h * e : 0);
+    p.head = 8 * tokens * vocab + lm_grad;
+  }
+
+  // Every micro-batch's token ids (fetched before the step), rotary tables, cuBLAS workspaces.
+  const double seq = static_cast<double>(c.seq_len);
+  p.other = static_cast<double>(c.grad_accum_steps) * static_cast<double>(c.batch_size) * (seq + 1) * 8 +
+            seq * static_cast<double>(m.head_dim) * (2 * e + 4) + (gpu ? 64.0 * 1024 * 1024 : 0);
+  return p;
+}
+
+}  // namespace ftd::spec

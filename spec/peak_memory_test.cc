@@ -1,0 +1,66 @@
+// The peak-memory prediction against peaks measured on an H200 (docs/performance.md: the 8B step,
+// full fine-tuning, bf16, as the caching allocator reported them), and its structure for LoRA.
+#include "spec/peak_memory.h"
+
+#include <gtest/gtest.h>
+
+namespace ftd::spec {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+TrainConfig Job(int batch, int seq, const std::string& kernel_set) {
+  TrainConfig c;
+  c.batch_size = batch;
+  c.seq_len = seq;
+  c.kernel_set = kernel_set;
+  c.dtype = "bf16";
+  return c;
+}
+
+TEST(PeakMemory, FullFineTuningWithinTenPercentOfMeasuredH200Peaks) {
+  const auto m = *PresetLlamaConfig("llama-3.1-8b");
+  struct Case {
+    int batch, seq;
+    const char* kernel_set;
+    double measured_gib;  // peak allocated, docs/performance.md (2026-11-23)
+  };
+  for (const Case& c : {Case{1, 512, "fused", 59.9}, Case{1, 512, "eager", 59.9}, Case{4, 2048, "fused", 80.6},
+                        Case{4, 2048, "eager", 106.0}, Case{8, 2048, "fused", 115.1}}) {
+    const auto p = PredictPeakMemory(m, Job(c.batch, c.seq, c.kernel_set), /*gpu=*/true);
+    EXPECT_NEAR(p.Peak() / kGiB, c.measured_gib, 0.1 * c.measured_gib)
+        << c.batch << "x" << c.seq << " " << c.kernel_set << ": " << p.ToString();
+  }
+}
+
+TEST(PeakMemory, LoraHoldsTheFrozenBaseAndLittleElse) {
+  const auto m = *PresetLlamaConfig("llama-3.1-8b");
+  auto c = Job(1, 512, "fused");
+  c.lora.enabled = true;
+  c.lora.rank = 16;
+  const auto p = PredictPeakMemory(m, c, true);
+  EXPECT_NEAR(p.weights / kGiB, 14.96 + 0.16, 0.02);  // bf16 base + 42M fp32 adapter weights
+  EXPECT_NEAR(p.optimizer / kGiB, 0.31, 0.01);
+  EXPECT_LT(p.Peak(), PredictPeakMemory(m, Job(1, 512, "fused"), true).Peak() / 3);
+  // Activations grow with the tokens of a micro-batch; the grouped lora op saves less than eager,
+  // which keeps an fp32 copy of every adapter's input.
+  auto big = c;
+  big.batch_size = 4;
+  big.seq_len = 2048;
+  const auto pb = PredictPeakMemory(m, big, true);
+  EXPECT_NEAR(pb.activations / p.activations, 16.0, 0.5);
+  auto eager_lora = big;
+  eager_lora.kernels["lora"] = "eager";
+  EXPECT_GT(PredictPeakMemory(m, eager_lora, true).activations, pb.activations * 1.3);
+  // Fewer targets, fewer saved inputs.
+  auto qv = big;
+  qv.lora.target_modules = {"q", "v"};
+  EXPECT_LT(PredictPeakMemory(m, qv, true).activations, pb.activations);
+  // Gradient accumulation does not add activations (one micro-batch at a time).
+  auto accum = big;
+  accum.grad_accum_steps = 8;
+  EXPECT_NEAR(PredictPeakMemory(m, accum, true).Peak(), pb.Peak(), 1e6);
+}
+
+}  // namespace
+}  // namespace ftd::spec
