@@ -93,9 +93,9 @@ PeakMemory PredictPeakMemory(const LlamaConfig& m, const TrainConfig& c, bool gp
   // SwiGLU: fused saves gate and up; eager also silu(gate).
   per_layer += (k[KernelOp::kSwiGlu] ? 2 : 3) * f * e;
   per_layer += input_saved({LoraTarget::kDown}, f);
-  // The adapters' rank-sized activations.
+  // The adapters' rank-sized activations (grouped: fp32 when fp32 adapters sit on a bf16 base).
   for (size_t t = 0; t < on.size(); ++t) {
-    if (on[t]) per_layer += r * (grouped ? e : ea);
+    if (on[t]) per_layer += r * (grouped && !(ea == 4 && e == 2 && gpu) ? e : ea);
   }
   const double final_norm = k[KernelOp::kRmsNorm] ? h * e : 4 * h + (full ? h * e : 0);
   p.activations = tokens * (layers * per_layer + final_norm);

@@ -297,3 +297,21 @@ def test_dropout_trains_and_changes_the_path(tmp_path):
     assert runs[0.0][0] == pytest.approx(runs[0.3][0], rel=1e-6)  # B = 0: dropout cannot matter yet
     assert runs[0.0][-1] != pytest.approx(runs[0.3][-1], rel=1e-4)
     assert runs[0.0][-1] < runs[0.0][0] - 0.3 and runs[0.3][-1] < runs[0.3][0] - 0.3
+
+
+def test_bf16_adapters_on_an_fp32_base_train_alike_with_both_lora_ops(tmp_path):
+    """lora.dtype bf16 on the CPU's fp32 base: both implementations of the lora op train, and their
+    losses agree to bf16 precision."""
+    losses = {}
+    for op in ("eager", "fused"):
+        spec = {"model": {"preset": "tiny"}, "steps": 20, "batch_size": 8, "seq_len": 32, "device": "cpu",
+                "optimizer": {"lr": 1e-2}, "lora": {"rank": 8, "dtype": "bf16", "alpha": 16},
+                "kernels": {"lora": op}, "checkpoint": {"dir": str(tmp_path / op)}}
+        _, steps, result, _ = run_worker(spec, tmp_path)
+        assert result["outcome"] == "SUCCEEDED"
+        losses[op] = [s["loss"] for s in steps]
+        saved = load_file(str(tmp_path / op / "step-00000020" / "adapter_model.safetensors"))
+        assert all(v.dtype == torch.bfloat16 for v in saved.values())
+    assert losses["fused"][-1] < losses["fused"][0] - 0.3
+    for a, b in zip(losses["eager"], losses["fused"]):
+        assert a == pytest.approx(b, rel=1e-2)
