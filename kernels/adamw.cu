@@ -39,12 +39,7 @@
 namespace ftd::kernels {
 namespace {
 
-using detail::FromFloat;
-using detail::kVec;
-using detail::LoadVec;
-using detail::StoreVec;
-using detail::ToFloat;
-using detail::Vec;
+using namespace detail;  // the device helpers of common.cuh
 
 constexpr int kThreads = 256;
 constexpr int kElems = 8;             // elements per thread per vector step
@@ -52,8 +47,6 @@ constexpr int64_t kChunk = 32768;     // elements per AdamW block (16 vector ste
 constexpr int64_t kSumChunk = 65536;  // elements per sum-of-squares block
 constexpr int kMaxTensors = 320;      // descriptors per AdamW launch
 constexpr int kMaxSumTensors = 640;   // descriptors per sum-of-squares launch
-
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // 8 consecutive elements of X (16-byte aligned) to fp32 and back.
 template <typename X>

@@ -14,9 +14,7 @@
 namespace ftd::kernels {
 namespace {
 
-using testing::RandomNormal;
-using testing::SeedNote;
-using testing::TestSeed;
+using namespace testing;  // kernels/test_util.h
 
 // Several steps of the documented algorithm: theta -= lr * wd * theta; m, v moving averages;
 // m_hat = m / (1 - b1^t), v_hat = v / (1 - b2^t); theta -= lr * m_hat / (sqrt(v_hat) + eps).

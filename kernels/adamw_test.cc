@@ -37,23 +37,7 @@
 namespace ftd::kernels {
 namespace {
 
-using testing::Check;
-using testing::DeviceBuffer;
-using testing::HaveGpu;
-using testing::MaxRelError;
-using testing::Quantize;
-using testing::RandomNormal;
-using testing::SeedNote;
-using testing::Tensor;
-using testing::TestSeed;
-using testing::Tol;
-
-
-
-std::vector<double> Quantized(std::vector<double> v, DType t) {
-  for (auto& x : v) x = Quantize(x, t);
-  return v;
-}
+using namespace testing;  // kernels/test_util.h
 
 std::vector<double> Minus(const std::vector<double>& a, const std::vector<double>& b) {
   std::vector<double> d(a.size());

@@ -1,29 +1,30 @@
 // Device helpers shared by the kernel families: typed loads/stores that convert to and from fp32,
-// 16-byte vector access, warp and block reductions. Included by .cu files only.
+// 16-byte vector access, warp and block reductions, programmatic dependent launches. Included by .cu
+// files only.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/common.h"
 
 namespace ftd::kernels::detail {
 
+// fp32 <-> storage type T (fp32 or bf16): bf16 widened exactly, rounded to nearest even. Host and device,
+// so per-thread work written with them can also run on the CPU.
 template <typename T>
-__device__ __forceinline__ float ToFloat(T v);
-template <>
-__device__ __forceinline__ float ToFloat<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ float ToFloat<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
-
+__host__ __device__ __forceinline__ float ToFloat(T v) {
+  if constexpr (std::is_same_v<T, float>) return v;
+  else return __bfloat162float(v);
+}
 template <typename T>
-__device__ __forceinline__ T FromFloat(float v);
-template <>
-__device__ __forceinline__ float FromFloat<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+__host__ __device__ __forceinline__ T FromFloat(float v) {
+  if constexpr (std::is_same_v<T, float>) return v;
+  else return __float2bfloat16_rn(v);
+}
 
 // Elements of T in one 16-byte vector.
 template <typename T>
@@ -78,5 +79,39 @@ __device__ __forceinline__ float BlockMax(float v, float* scratch) {
 }
 
 inline bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// Programmatic dependent launch (sm_90+; the device side is a no-op before). A kernel that LaunchPdl starts
+// with `pdl` may begin while the previous work in the stream is still finishing, so it calls
+// GridDependencyWait() before its first access to global memory: that returns once the previous work has
+// completed and its writes are visible. LaunchDependents() lets the next such kernel in the stream be
+// scheduled (its blocks then wait in their GridDependencyWait()).
+__device__ __forceinline__ void GridDependencyWait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void LaunchDependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Launches `kernel`; with `pdl` (sm_90+ devices only, DeviceProps::HasBulkCopy), as a programmatic
+// dependent launch.
+template <typename... Params, typename... Args>
+cudaError_t LaunchPdl(bool pdl, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                      Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1] = {};
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
+}
 
 }  // namespace ftd::kernels::detail

@@ -15,4 +15,7 @@ enum class DType { kF32, kBF16 };
 inline size_t DTypeSize(DType t) { return t == DType::kF32 ? 4 : 2; }
 inline const char* DTypeName(DType t) { return t == DType::kF32 ? "fp32" : "bf16"; }
 
+// a / b rounded up, for a >= 0 and b > 0.
+constexpr int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
 }  // namespace ftd::kernels

@@ -42,17 +42,13 @@
 
 #include <climits>
 #include <limits>
-#include <type_traits>
 
 #include "kernels/common.cuh"
 
 namespace ftd::kernels {
 namespace {
 
-using detail::BlockMax;
-using detail::BlockSum;
-using detail::kVec;
-using detail::Vec;
+using namespace detail;  // the device helpers of common.cuh
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kUnroll = 4;  // 16-byte vectors in flight per thread in the body loops
@@ -69,23 +65,6 @@ constexpr int kUnroll = 4;  // 16-byte vectors in flight per thread in the body 
 // the block reductions.
 
 __host__ __device__ __forceinline__ float NaN() { return std::numeric_limits<float>::quiet_NaN(); }
-
-template <typename T>
-__host__ __device__ __forceinline__ float F32(T v) {
-  if constexpr (std::is_same_v<T, float>) {
-    return v;
-  } else {
-    return __bfloat162float(v);
-  }
-}
-template <typename T>
-__host__ __device__ __forceinline__ T FromF32(float v) {
-  if constexpr (std::is_same_v<T, float>) {
-    return v;
-  } else {
-    return __float2bfloat16_rn(v);
-  }
-}
 
 // 2^x with the hardware approximation (denormal results flush to 0: they do not change any sum).
 __host__ __device__ __forceinline__ float Exp2(float x) {
@@ -140,16 +119,16 @@ __host__ __device__ __forceinline__ void ForwardRowThread(const T* __restrict__ 
                                                           bool wants_label, int t, float& m, float& s,
                                                           float& label_logit) {
   constexpr int V = kVec<T>;
-  label_logit = (t == 0 && wants_label) ? F32(row[label]) : 0.f;
+  label_logit = (t == 0 && wants_label) ? ToFloat(row[label]) : 0.f;
   m = -INFINITY;
   s = 0.f;
   const RowSplit sp = Split<T>(row, vocab);
   if (t < sp.head) {
-    const float v[1] = {F32(row[t])};
+    const float v[1] = {ToFloat(row[t])};
     Absorb(v, m, s);
   }
   if (sp.tail0 + t < vocab) {
-    const float v[1] = {F32(row[sp.tail0 + t])};
+    const float v[1] = {ToFloat(row[sp.tail0 + t])};
     Absorb(v, m, s);
   }
   const Vec<T>* body = reinterpret_cast<const Vec<T>*>(row + sp.head);
@@ -162,7 +141,7 @@ __host__ __device__ __forceinline__ void ForwardRowThread(const T* __restrict__ 
     CE_UNROLL
     for (int u = 0; u < kUnroll; ++u) {
       CE_UNROLL
-      for (int k = 0; k < V; ++k) v[u * V + k] = F32(q[u].v[k]);
+      for (int k = 0; k < V; ++k) v[u * V + k] = ToFloat(q[u].v[k]);
     }
     Absorb(v, m, s);
   }
@@ -170,7 +149,7 @@ __host__ __device__ __forceinline__ void ForwardRowThread(const T* __restrict__ 
     const Vec<T> q = body[i];
     float v[V];
     CE_UNROLL
-    for (int k = 0; k < V; ++k) v[k] = F32(q.v[k]);
+    for (int k = 0; k < V; ++k) v[k] = ToFloat(q.v[k]);
     Absorb(v, m, s);
   }
 }
@@ -220,11 +199,11 @@ __host__ __device__ __forceinline__ float GradOf(float x, float lse, float g, bo
 template <typename T, int kThreads>
 __host__ __device__ __forceinline__ void ZeroRowThread(T* out, int64_t vocab, int t) {
   const RowSplit sp = Split<T>(out, vocab);
-  if (t < sp.head) out[t] = FromF32<T>(0.f);
-  if (sp.tail0 + t < vocab) out[sp.tail0 + t] = FromF32<T>(0.f);
+  if (t < sp.head) out[t] = FromFloat<T>(0.f);
+  if (sp.tail0 + t < vocab) out[sp.tail0 + t] = FromFloat<T>(0.f);
   Vec<T> zero;
   CE_UNROLL
-  for (int k = 0; k < kVec<T>; ++k) zero.v[k] = FromF32<T>(0.f);
+  for (int k = 0; k < kVec<T>; ++k) zero.v[k] = FromFloat<T>(0.f);
   Vec<T>* body = reinterpret_cast<Vec<T>*>(out + sp.head);
   for (int64_t i = t; i < sp.nvec; i += kThreads) body[i] = zero;
 }
@@ -255,14 +234,14 @@ __host__ __device__ __forceinline__ void BackwardRowThread(const T* logits, int6
   const float row_lse = in_range ? saved_lse : NaN();  // an invalid label poisons the whole row
 
   if ((reinterpret_cast<uintptr_t>(in) & 15u) != (reinterpret_cast<uintptr_t>(out) & 15u)) {
-    for (int64_t j = t; j < vocab; j += kThreads) out[j] = FromF32<T>(GradOf(F32(in[j]), row_lse, g, j == label));
+    for (int64_t j = t; j < vocab; j += kThreads) out[j] = FromFloat<T>(GradOf(ToFloat(in[j]), row_lse, g, j == label));
     return;
   }
   const RowSplit sp = Split<T>(in, vocab);
-  if (t < sp.head) out[t] = FromF32<T>(GradOf(F32(in[t]), row_lse, g, t == label));
+  if (t < sp.head) out[t] = FromFloat<T>(GradOf(ToFloat(in[t]), row_lse, g, t == label));
   if (sp.tail0 + t < vocab) {
     const int64_t j = sp.tail0 + t;
-    out[j] = FromF32<T>(GradOf(F32(in[j]), row_lse, g, j == label));
+    out[j] = FromFloat<T>(GradOf(ToFloat(in[j]), row_lse, g, j == label));
   }
   const Vec<T>* src = reinterpret_cast<const Vec<T>*>(in + sp.head);
   Vec<T>* dst = reinterpret_cast<Vec<T>*>(out + sp.head);
@@ -282,7 +261,7 @@ __host__ __device__ __forceinline__ void BackwardRowThread(const T* logits, int6
       const int lane = label_lane(i + u * kThreads);
       Vec<T> o;
       CE_UNROLL
-      for (int k = 0; k < V; ++k) o.v[k] = FromF32<T>(GradOf(F32(q[u].v[k]), row_lse, g, k == lane));
+      for (int k = 0; k < V; ++k) o.v[k] = FromFloat<T>(GradOf(ToFloat(q[u].v[k]), row_lse, g, k == lane));
       dst[i + u * kThreads] = o;
     }
   }
@@ -291,7 +270,7 @@ __host__ __device__ __forceinline__ void BackwardRowThread(const T* logits, int6
     const int lane = label_lane(i);
     Vec<T> o;
     CE_UNROLL
-    for (int k = 0; k < V; ++k) o.v[k] = FromF32<T>(GradOf(F32(q.v[k]), row_lse, g, k == lane));
+    for (int k = 0; k < V; ++k) o.v[k] = FromFloat<T>(GradOf(ToFloat(q.v[k]), row_lse, g, k == lane));
     dst[i] = o;
   }
 }

@@ -28,11 +28,7 @@
 namespace ftd::kernels {
 namespace {
 
-using testing::Check;
-using testing::DeviceBuffer;
-using testing::MaxRelError;
-using testing::SeedNote;
-using testing::TestSeed;
+using namespace testing;  // kernels/test_util.h
 
 constexpr int64_t kIgnore = -100;
 
@@ -78,12 +74,6 @@ std::vector<double> MakeLogits(size_t n, int64_t offset, int64_t ld, int64_t voc
     x[i] = v;
   }
   return x;
-}
-
-DeviceBuffer UploadLabels(const std::vector<int64_t>& labels) {
-  DeviceBuffer d(labels.size() * 2, DType::kF32);  // 8 bytes a label
-  Check(cudaMemcpy(d.get(), labels.data(), labels.size() * sizeof(int64_t), cudaMemcpyHostToDevice), "labels");
-  return d;
 }
 
 void RunCase(const CeCase& c, DType dtype) {
@@ -210,7 +200,7 @@ void RunCase(const CeCase& c, DType dtype) {
 }
 
 void RunBoth(const CeCase& c) {
-  if (!testing::HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   RunCase(c, DType::kF32);
   RunCase(c, DType::kBF16);
 }
@@ -218,13 +208,13 @@ void RunBoth(const CeCase& c) {
 // Contiguous odd vocabulary: rows start at every 16-byte offset, so each row has a scalar head, a
 // vector body and a scalar tail (256-thread blocks).
 TEST(CrossEntropyGpu, OddVocabContiguous) {
-  if (!testing::HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   for (int64_t rows : {1, 3, 37, 257}) RunBoth({"odd", rows, 8003, 8003, 8003});
 }
 
 // Aligned rows: vector body only (256-thread blocks), and the full LLaMA-3 vocabulary (512 threads).
 TEST(CrossEntropyGpu, AlignedVocab) {
-  if (!testing::HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   RunBoth({"aligned", 64, 4096, 4096, 4096});
   RunBoth({"llama3", 5, 128256, 128256, 128256});
 }
@@ -232,7 +222,7 @@ TEST(CrossEntropyGpu, AlignedVocab) {
 // Small vocabularies (128-thread blocks; bf16 vocab 7 has no vector body at all; vocab 1 has loss 0
 // and gradient 0 for every valid row).
 TEST(CrossEntropyGpu, SmallVocab) {
-  if (!testing::HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   RunBoth({"vocab7", 37, 7, 7, 7});
   RunBoth({"vocab1", 5, 1, 1, 1});
   RunBoth({"vocab1000", 37, 1000, 1000, 1000});
@@ -241,26 +231,26 @@ TEST(CrossEntropyGpu, SmallVocab) {
 // Padded strides that differ between logits and dlogits: in some rows the two share their 16-byte
 // offset (vector path), in others not (scalar path). Padding columns must stay untouched.
 TEST(CrossEntropyGpu, PaddedStridesMixedPaths) {
-  if (!testing::HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   RunBoth({"padded", 37, 1000, 1003, 1010});
 }
 
 // dlogits based one element off 16 bytes while logits are aligned: every row takes the scalar path.
 TEST(CrossEntropyGpu, ScalarPathMisalignedOutput) {
-  if (!testing::HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   RunBoth({"scalar", 37, 4096, 4096, 4096, /*in_offset=*/0, /*out_offset=*/1});
   RunBoth({"scalar-odd", 3, 8003, 8003, 8003, /*in_offset=*/3, /*out_offset=*/0});
 }
 
 // Misaligned logits base (row 0 starts off a 16-byte boundary) for the forward and both paths.
 TEST(CrossEntropyGpu, MisalignedBase) {
-  if (!testing::HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   RunBoth({"base", 37, 4096, 4096, 4096, /*in_offset=*/3, /*out_offset=*/3});
 }
 
 // dlogits written over the logits.
 TEST(CrossEntropyGpu, InPlace) {
-  if (!testing::HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   CeCase c{"inplace", 37, 8003, 8003, 8003};
   c.in_place = true;
   RunBoth(c);
@@ -274,7 +264,7 @@ TEST(CrossEntropyGpu, InPlace) {
 
 // Upstream gradient as one scalar (stride 0), per row (stride 1) and absent (1).
 TEST(CrossEntropyGpu, GradModes) {
-  if (!testing::HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   CeCase c{"grad-scalar", 37, 8003, 8003, 8003};
   c.grad = GradMode::kScalar;
   RunBoth(c);
@@ -285,7 +275,7 @@ TEST(CrossEntropyGpu, GradModes) {
 
 // Labels outside [0, vocab): NaN loss and NaN gradient for those rows only; many ignored rows.
 TEST(CrossEntropyGpu, InvalidAndIgnoredLabels) {
-  if (!testing::HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   CeCase c{"invalid", 37, 8003, 8003, 8003};
   c.invalid_labels = true;
   c.ignore_frac = 0.5;
@@ -293,7 +283,7 @@ TEST(CrossEntropyGpu, InvalidAndIgnoredLabels) {
 }
 
 TEST(CrossEntropyGpu, RejectsBadArguments) {
-  if (!testing::HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   DeviceBuffer x(64, DType::kF32), out(64, DType::kF32), labels(8, DType::kF32), f(8, DType::kF32);
   const auto* lab = labels.as<int64_t>();
   float* fp = f.as<float>();

@@ -34,12 +34,7 @@
 namespace ftd::kernels {
 namespace {
 
-using testing::Check;
-using testing::DeviceBuffer;
-using testing::MaxRelError;
-using testing::Quantize;
-using testing::SeedNote;
-using testing::TestSeed;
+using namespace testing;  // kernels/test_util.h
 
 constexpr int64_t kIgnore = -100;
 
@@ -89,12 +84,6 @@ std::vector<double> MakeInput(size_t n, DType dtype, double stddev, double grid,
     for (auto& e : v) e = pick(rng) * grid;
   }
   return v;
-}
-
-DeviceBuffer UploadLabels(const std::vector<int64_t>& labels) {
-  DeviceBuffer d(labels.size() * 2, DType::kF32);  // 8 bytes a label
-  Check(cudaMemcpy(d.get(), labels.data(), labels.size() * sizeof(int64_t), cudaMemcpyHostToDevice), "labels");
-  return d;
 }
 
 void RunCase(const FlceCase& c, DType dtype) {
@@ -210,13 +199,13 @@ void RunBoth(const FlceCase& c) {
 
 // Several chunks plus a partial one (16, 16, 5), odd hidden and vocab.
 TEST(FusedLinearCeGpu, OddSizesSeveralChunks) {
-  if (!testing::HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   RunBoth({"odd", 37, 129, 8003, 16});
 }
 
 // Aligned sizes in one chunk, in two equal chunks, and a single row with the default chunk size.
 TEST(FusedLinearCeGpu, AlignedSizes) {
-  if (!testing::HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   RunBoth({"aligned-1chunk", 64, 256, 4096, 64});
   RunBoth({"aligned-2chunks", 64, 256, 4096, 32});
   RunBoth({"one-row", 1, 64, 1000, kFusedLinearCeDefaultChunkRows});
@@ -224,7 +213,7 @@ TEST(FusedLinearCeGpu, AlignedSizes) {
 
 // dweight += onto existing values (gradient accumulation, tied embeddings).
 TEST(FusedLinearCeGpu, AccumulatesDweight) {
-  if (!testing::HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   FlceCase c{"accumulate", 37, 129, 8003, 16};
   c.accumulate_dweight = true;
   RunBoth(c);
@@ -232,7 +221,7 @@ TEST(FusedLinearCeGpu, AccumulatesDweight) {
 
 // grad_scale == nullptr (s = 1), and dx written over x.
 TEST(FusedLinearCeGpu, NoScaleAndInPlaceDx) {
-  if (!testing::HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   FlceCase c{"no-scale", 37, 129, 8003, 16};
   c.use_grad_scale = false;
   RunBoth(c);
@@ -242,14 +231,14 @@ TEST(FusedLinearCeGpu, NoScaleAndInPlaceDx) {
 }
 
 TEST(FusedLinearCeGpu, InvalidLabelGivesNaNLoss) {
-  if (!testing::HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   FlceCase c{"invalid", 37, 129, 8003, 16};
   c.invalid_label = true;
   RunBoth(c);
 }
 
 TEST(FusedLinearCeGpu, WorkspaceSizeAndArguments) {
-  if (!testing::HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   // One chunk of logits, rows rounded up to whole 16-byte vectors.
   EXPECT_EQ(FusedLinearCrossEntropyWorkspaceBytes(DType::kBF16, 37, 129, 8003, 16), size_t{16} * 8008 * 2);
   EXPECT_EQ(FusedLinearCrossEntropyWorkspaceBytes(DType::kF32, 37, 129, 8003, 16), size_t{16} * 8004 * 4);

@@ -2,16 +2,24 @@
 // applied to the quantized inputs (the values the kernel read). Fresh random inputs every run; every
 // output is poisoned (NaN) before each launch so an element the kernel fails to write fails.
 //
+// eps: every case has rows whose mean square is comparable to eps (x scaled by 0.3, 1 and 3 times
+// sqrt(eps)), beside rows of x ~ N(0, 2). In those rows eps moves y and rstd by 5% to 75%, far beyond the
+// tolerances, so a kernel that ignores eps or uses another value fails every case. The cases rotate over
+// eps 1e-5 (LLaMA-3), 1e-6 and an odd 3.1e-4; ForwardHonoursEachEps runs every path with all three.
+//
 // Tolerances (MaxRelError: max |got - want| / max |want|):
 //   fp32 outputs 1e-5: fp32 arithmetic (~6e-8 per operation) over row sums of <= 16392 terms, reduced
 //     as per-thread runs plus trees, stays near 1e-6; dw adds <= 7000 rows in short runs the same way.
 //   bf16 outputs 2^-8: the output is rounded to bf16 (2^-9 relative to itself, hence to the maximum),
 //     and the fp32 error before the rounding (~1e-6) can at most move it to the neighbouring bf16 value.
-//   rstd (fp32 in both dtypes) 1e-5, computed from the quantized x.
+//   rstd (fp32 in both dtypes) 1e-5 relative to each row's own value (rows differ in scale by 10^3),
+//     computed from the quantized x.
 //
 // Which kernel path a case takes (see rmsnorm.cu): pipelined = n % V == 0 (V = 8 bf16, 4 fp32), aligned
 // pointers, n / V <= 1024 (on sm_90 and newer); looped vector = aligned, n % V == 0, n / V > 1024; looped
-// scalar = otherwise. Pipelined block shapes covered (T threads x K vectors each; the forward always
+// scalar = otherwise. A plan made for a device without the bulk copy engine (DeviceProps.cc_major 8)
+// takes the looped paths for every case (LoopedPlanMatchesReference), as on devices before sm_90.
+// Pipelined block shapes covered (T threads x K vectors each; the forward always
 // takes K = 2, the backward the fewest that fit): bf16 n 4096 = 256 x 2 forward, 512 x 1 backward;
 // n 8192 = 512 x 2; n 4104 = 288 x 2 (thread 224 owns the last vector as its second); n 1024 = 64 x 2
 // forward, 128 x 1 backward; n 64 and n 8 = one warp, mostly idle; fp32 n 4096 = 512 x 2, n 1024 =
@@ -36,23 +44,9 @@
 namespace ftd::kernels {
 namespace {
 
-using testing::Check;
-using testing::DeviceBuffer;
-using testing::HaveGpu;
-using testing::MaxRelError;
-using testing::Quantize;
-using testing::RandomNormal;
-using testing::SeedNote;
-using testing::Tensor;
-using testing::TestSeed;
-using testing::Tol;
+using namespace testing;  // kernels/test_util.h
 
-
-std::vector<double> Quantized(std::vector<double> v, DType t) {
-  for (auto& x : v) x = Quantize(x, t);
-  return v;
-}
-
+constexpr float kEps[] = {1e-5f, 1e-6f, 3.1e-4f};
 
 struct Case {
   int64_t rows, n;
@@ -60,16 +54,34 @@ struct Case {
   bool in_place = false;  // y aliases x (forward), dx aliases dy (backward)
 };
 
-std::string Name(const Case& c, DType t) {
+std::string Name(const Case& c, DType t, double eps = 0) {
   return std::string(DTypeName(t)) + " rows " + std::to_string(c.rows) + " n " + std::to_string(c.n) +
-         (c.offset ? " unaligned" : "") + (c.in_place ? " in-place" : "") + SeedNote();
+         (c.offset ? " unaligned" : "") + (c.in_place ? " in-place" : "") +
+         (eps > 0 ? " eps " + std::to_string(eps) : "") + SeedNote();
 }
 
-void RunForward(const Case& c, DType t) {
+// The plan for `c` on the current device (or as if on `props`).
+RmsNormPlan PlanFor(const Case& c, DType t, const DeviceProps& props) {
+  RmsNormPlan plan;
+  Check(PlanRmsNorm(props, t, c.n, &plan), "PlanRmsNorm");
+  return plan;
+}
+
+// x for a forward at `eps`: rows cycle through root-mean-squares of sqrt(eps), 2, 0.3 sqrt(eps) and
+// 3 sqrt(eps), so in three rows of four eps changes y and rstd by 5% (3 sqrt(eps)) to 75% (0.3 sqrt(eps)).
+std::vector<double> EpsSensitiveX(const Case& c, double eps, std::mt19937_64& rng) {
+  const double scale[4] = {std::sqrt(eps), 2, 0.3 * std::sqrt(eps), 3 * std::sqrt(eps)};
+  std::vector<double> x = RandomNormal(static_cast<size_t>(c.rows * c.n), 0, 1, rng);
+  for (int64_t r = 0; r < c.rows; ++r) {
+    for (int64_t i = 0; i < c.n; ++i) x[static_cast<size_t>(r * c.n + i)] *= scale[r % 4];
+  }
+  return x;
+}
+
+void RunForward(const Case& c, DType t, float eps, const DeviceProps& props) {
   std::mt19937_64 rng(TestSeed() + static_cast<uint64_t>(c.rows * 7919 + c.n));
   const size_t total = static_cast<size_t>(c.rows * c.n);
-  const float eps = 1e-5f;
-  const auto x = Quantized(RandomNormal(total, 0, 2, rng), t);
+  const auto x = Quantized(EpsSensitiveX(c, eps, rng), t);
   const auto w = Quantized(RandomNormal(static_cast<size_t>(c.n), 0.5, 1, rng), t);
   std::vector<double> want_y, want_rstd;
   ref::RmsNormForward(x, w, c.rows, c.n, static_cast<double>(eps), &want_y, &want_rstd);
@@ -81,15 +93,16 @@ void RunForward(const Case& c, DType t) {
   yb.Poison();
   rstd.Poison();
   void* y = c.in_place ? xb.get() : yb.get();
-  ASSERT_EQ(cudaSuccess, RmsNormForward(t, xb.get(), wb.get(), y, rstd.as<float>(), c.rows, c.n, eps, nullptr))
-      << Name(c, t);
+  ASSERT_EQ(cudaSuccess, RmsNormForward(PlanFor(c, t, props), xb.get(), wb.get(), y, rstd.as<float>(), c.rows, eps,
+                                        nullptr))
+      << Name(c, t, eps);
   Check(cudaDeviceSynchronize(), "forward");
   const auto got_y = c.in_place ? xb.Download() : yb.Download();
-  EXPECT_LE(MaxRelError(got_y, want_y), Tol(t)) << "y, " << Name(c, t);
-  EXPECT_LE(MaxRelError(rstd.Download(), want_rstd), 1e-5) << "rstd, " << Name(c, t);
+  EXPECT_LE(MaxRelError(got_y, want_y), Tol(t)) << "y, " << Name(c, t, eps);
+  EXPECT_LE(MaxElementRelError(rstd.Download(), want_rstd), 1e-5) << "rstd, " << Name(c, t, eps);
 }
 
-void RunBackward(const Case& c, DType t) {
+void RunBackward(const Case& c, DType t, const DeviceProps& props) {
   std::mt19937_64 rng(TestSeed() + static_cast<uint64_t>(c.rows * 104729 + c.n));
   const size_t total = static_cast<size_t>(c.rows * c.n);
   const auto x = Quantized(RandomNormal(total, 0, 2, rng), t);
@@ -113,8 +126,8 @@ void RunBackward(const Case& c, DType t) {
   dwb.Poison();
   ws.Poison();
   void* dx = c.in_place ? dyb.get() : dxb.get();
-  ASSERT_EQ(cudaSuccess, RmsNormBackward(t, dyb.get(), xb.get(), wb.get(), rb.as<float>(), dx, dwb.get(), ws.get(),
-                                         c.rows, c.n, nullptr))
+  ASSERT_EQ(cudaSuccess, RmsNormBackward(PlanFor(c, t, props), dyb.get(), xb.get(), wb.get(), rb.as<float>(), dx,
+                                         dwb.get(), ws.get(), c.rows, nullptr))
       << Name(c, t);
   Check(cudaDeviceSynchronize(), "backward");
   const auto got_dx = c.in_place ? dyb.Download() : dxb.Download();
@@ -160,24 +173,54 @@ const std::vector<Case>& Cases() {
 
 TEST(RmsNormGpu, ForwardMatchesReference) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  const DeviceProps props = CurrentProps();
   for (DType t : {DType::kF32, DType::kBF16}) {
-    for (const Case& c : Cases()) RunForward(c, t);
+    for (size_t i = 0; i < Cases().size(); ++i) RunForward(Cases()[i], t, kEps[i % 3], props);
+  }
+}
+
+// Each eps on each path: pipelined (4096; 1024 fp32), looped vector (8200), looped scalar (4097, unaligned).
+TEST(RmsNormGpu, ForwardHonoursEachEps) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  const DeviceProps props = CurrentProps();
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    for (const Case& c : std::vector<Case>{{5, 4096}, {4, 1024}, {4, 8200}, {4, 4097}, {4, 4096, 1}}) {
+      for (float eps : kEps) RunForward(c, t, eps, props);
+    }
   }
 }
 
 TEST(RmsNormGpu, BackwardMatchesReference) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  const DeviceProps props = CurrentProps();
   for (DType t : {DType::kF32, DType::kBF16}) {
-    for (const Case& c : Cases()) RunBackward(c, t);
+    for (const Case& c : Cases()) RunBackward(c, t, props);
+  }
+}
+
+// A plan for a device without the bulk copy engine (before sm_90): the looped paths on every case, and the
+// dw reduction launched without programmatic dependent launch.
+TEST(RmsNormGpu, LoopedPlanMatchesReference) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  DeviceProps props = CurrentProps();
+  props.cc_major = 8;
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    for (size_t i = 0; i < Cases().size(); ++i) {
+      ASSERT_FALSE(PlanFor(Cases()[i], t, props).fwd.ok) << Name(Cases()[i], t);
+      RunForward(Cases()[i], t, kEps[i % 3], props);
+      RunBackward(Cases()[i], t, props);
+    }
   }
 }
 
 // dw is reduced without atomics: two launches on the same inputs give bitwise the same dw and dx.
 TEST(RmsNormGpu, BackwardIsDeterministic) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  const DeviceProps props = CurrentProps();
   for (DType t : {DType::kF32, DType::kBF16}) {
     for (int64_t n : {4096, 4097}) {
       const int64_t rows = 2048;
+      const RmsNormPlan plan = PlanFor({rows, n}, t, props);
       const size_t total = static_cast<size_t>(rows * n);
       std::mt19937_64 rng(TestSeed());
       DeviceBuffer x(total, t), w(static_cast<size_t>(n), t), dy(total, t),
@@ -192,8 +235,8 @@ TEST(RmsNormGpu, BackwardIsDeterministic) {
         DeviceBuffer dx(total, t), dw(static_cast<size_t>(n), t);
         dx.Poison();
         dw.Poison();
-        ASSERT_EQ(cudaSuccess, RmsNormBackward(t, dy.get(), x.get(), w.get(), rstd.as<float>(), dx.get(), dw.get(),
-                                               ws.get(), rows, n, nullptr));
+        ASSERT_EQ(cudaSuccess, RmsNormBackward(plan, dy.get(), x.get(), w.get(), rstd.as<float>(), dx.get(), dw.get(),
+                                               ws.get(), rows, nullptr));
         Check(cudaDeviceSynchronize(), "backward");
         if (run == 0) {
           first_dw = dw.Download();
@@ -212,12 +255,14 @@ TEST(RmsNormGpu, BackwardIsDeterministic) {
 // rows == 0: the forward writes nothing and succeeds; the backward's dw is a sum over no rows, 0.
 TEST(RmsNormGpu, ZeroRows) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  const DeviceProps props = CurrentProps();
   for (DType t : {DType::kF32, DType::kBF16}) {
+    const RmsNormPlan plan = PlanFor({0, 4097}, t, props);
     DeviceBuffer x(1, t), w(4097, t), rstd(1, DType::kF32), dw(4097, t);
-    EXPECT_EQ(cudaSuccess, RmsNormForward(t, x.get(), w.get(), x.get(), rstd.as<float>(), 0, 4097, 1e-5f, nullptr));
+    EXPECT_EQ(cudaSuccess, RmsNormForward(plan, x.get(), w.get(), x.get(), rstd.as<float>(), 0, 1e-5f, nullptr));
     dw.Poison();
     ASSERT_EQ(cudaSuccess,
-              RmsNormBackward(t, nullptr, nullptr, w.get(), nullptr, nullptr, dw.get(), nullptr, 0, 4097, nullptr));
+              RmsNormBackward(plan, nullptr, nullptr, w.get(), nullptr, nullptr, dw.get(), nullptr, 0, nullptr));
     Check(cudaDeviceSynchronize(), "backward");
     for (double v : dw.Download()) ASSERT_EQ(0.0, v) << DTypeName(t);
   }
@@ -225,15 +270,26 @@ TEST(RmsNormGpu, ZeroRows) {
 
 TEST(RmsNormGpu, RejectsInvalidArguments) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  const DeviceProps props = CurrentProps();
+  RmsNormPlan plan;
+  EXPECT_EQ(cudaErrorInvalidValue, PlanRmsNorm(props, DType::kF32, 0, &plan));
+  DeviceProps other = props;
+  other.device = props.device + 1;
+  EXPECT_EQ(cudaErrorInvalidDevice, PlanRmsNorm(other, DType::kF32, 64, &plan));
   DeviceBuffer x(64, DType::kF32), rstd(1, DType::kF32), ws(RmsNormBackwardWorkspaceBytes(1, 64) / 4 + 1, DType::kF32);
   float* r = rstd.as<float>();
-  EXPECT_EQ(cudaErrorInvalidValue, RmsNormForward(DType::kF32, x.get(), x.get(), x.get(), r, 1, 0, 1e-5f, nullptr));
-  EXPECT_EQ(cudaErrorInvalidValue, RmsNormForward(DType::kF32, x.get(), x.get(), x.get(), r, -1, 64, 1e-5f, nullptr));
-  EXPECT_EQ(cudaErrorInvalidValue, RmsNormForward(DType::kF32, nullptr, x.get(), x.get(), r, 1, 64, 1e-5f, nullptr));
+  const RmsNormPlan unplanned;
+  EXPECT_EQ(cudaErrorInvalidValue, RmsNormForward(unplanned, x.get(), x.get(), x.get(), r, 1, 1e-5f, nullptr));
+  ASSERT_EQ(cudaSuccess, PlanRmsNorm(props, DType::kF32, 64, &plan));
+  RmsNormPlan elsewhere = plan;
+  elsewhere.device = props.device + 1;  // a plan made for another device
+  EXPECT_EQ(cudaErrorInvalidValue, RmsNormForward(elsewhere, x.get(), x.get(), x.get(), r, 1, 1e-5f, nullptr));
+  EXPECT_EQ(cudaErrorInvalidValue, RmsNormForward(plan, x.get(), x.get(), x.get(), r, -1, 1e-5f, nullptr));
+  EXPECT_EQ(cudaErrorInvalidValue, RmsNormForward(plan, nullptr, x.get(), x.get(), r, 1, 1e-5f, nullptr));
   EXPECT_EQ(cudaErrorInvalidValue,
-            RmsNormBackward(DType::kF32, x.get(), x.get(), x.get(), r, x.get(), x.get(), nullptr, 1, 64, nullptr));
-  EXPECT_EQ(cudaErrorInvalidValue, RmsNormBackward(DType::kF32, x.get(), x.get(), x.get(), r, x.get(), x.get(),
-                                                   static_cast<char*>(ws.get()) + 2, 1, 64, nullptr));
+            RmsNormBackward(plan, x.get(), x.get(), x.get(), r, x.get(), x.get(), nullptr, 1, nullptr));
+  EXPECT_EQ(cudaErrorInvalidValue, RmsNormBackward(plan, x.get(), x.get(), x.get(), r, x.get(), x.get(),
+                                                   static_cast<char*>(ws.get()) + 2, 1, nullptr));
   EXPECT_EQ(0u, RmsNormBackwardWorkspaceBytes(1, 0));
 }
 

@@ -24,8 +24,7 @@
 namespace ftd::kernels {
 namespace {
 
-using detail::FromFloat;
-using detail::ToFloat;
+using namespace detail;  // the device helpers of common.cuh
 
 constexpr int kMaxThreads = 256;
 

@@ -16,9 +16,7 @@
 namespace ftd::kernels {
 namespace {
 
-using testing::RandomNormal;
-using testing::SeedNote;
-using testing::TestSeed;
+using namespace testing;  // kernels/test_util.h
 
 TEST(RopeRef, ForwardIsComplexRotation) {
   std::mt19937_64 rng(TestSeed());

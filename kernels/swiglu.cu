@@ -28,17 +28,10 @@
 namespace ftd::kernels {
 namespace {
 
-using detail::FromFloat;
-using detail::kVec;
-using detail::LoadVec;
-using detail::StoreVec;
-using detail::ToFloat;
-using detail::Vec;
+using namespace detail;  // the device helpers of common.cuh
 
 constexpr int kThreads = 256;
 constexpr int kUnroll = 2;  // 16-byte vectors per thread per input
-
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 __device__ __forceinline__ float Sigmoid(float g) { return 1.f / (1.f + expf(-g)); }
 

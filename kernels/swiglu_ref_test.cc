@@ -14,9 +14,7 @@
 namespace ftd::kernels {
 namespace {
 
-using testing::RandomNormal;
-using testing::SeedNote;
-using testing::TestSeed;
+using namespace testing;  // kernels/test_util.h
 
 TEST(SwiGluRef, ForwardMatchesTanhFormula) {
   std::mt19937_64 rng(TestSeed());

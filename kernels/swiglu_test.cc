@@ -25,18 +25,7 @@
 namespace ftd::kernels {
 namespace {
 
-using testing::Check;
-using testing::DeviceBuffer;
-using testing::HaveGpu;
-using testing::MaxRelError;
-using testing::Quantize;
-using testing::RandomNormal;
-using testing::SeedNote;
-using testing::Tensor;
-using testing::TestSeed;
-using testing::Tol;
-
-
+using namespace testing;  // kernels/test_util.h
 
 struct Case {
   int64_t n;

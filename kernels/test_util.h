@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kernels/common.h"
+#include "kernels/launch_plan.h"
 
 namespace ftd::kernels::testing {
 
@@ -38,6 +39,12 @@ inline float Bf16ToFloat(uint16_t b) {
 // The value a double takes once stored in `t` (what the kernel actually sees as input).
 inline double Quantize(double v, DType t) {
   return t == DType::kF32 ? static_cast<double>(static_cast<float>(v)) : Bf16ToFloat(FloatToBf16(static_cast<float>(v)));
+}
+
+// Every value of `v` as stored in `t`.
+inline std::vector<double> Quantized(std::vector<double> v, DType t) {
+  for (auto& x : v) x = Quantize(x, t);
+  return v;
 }
 
 // A device allocation of n elements of `dtype` (or raw bytes), freed on destruction.
@@ -95,6 +102,20 @@ class DeviceBuffer {
   DType dtype_ = DType::kF32;
 };
 
+// Labels (int64) on the device, in a buffer of 8 bytes a label.
+inline DeviceBuffer UploadLabels(const std::vector<int64_t>& labels) {
+  DeviceBuffer d(labels.size() * 2, DType::kF32);
+  Check(cudaMemcpy(d.get(), labels.data(), labels.size() * sizeof(int64_t), cudaMemcpyHostToDevice), "labels");
+  return d;
+}
+
+// The current device's properties, for the launch planners.
+inline DeviceProps CurrentProps() {
+  DeviceProps p;
+  Check(CurrentDeviceProps(&p), "CurrentDeviceProps");
+  return p;
+}
+
 // Fresh random inputs each run (seeded from std::random_device; the seed is printed on failure by
 // the caller through SeedNote()).
 inline uint64_t& TestSeed() {
@@ -108,6 +129,18 @@ inline std::vector<double> RandomNormal(size_t n, double mean, double stddev, st
   std::vector<double> v(n);
   for (auto& x : v) x = d(rng);
   return v;
+}
+
+// max over i of |got[i] - want[i]| / |want[i]|: for per-row values (such as RMSNorm's rstd) whose rows
+// differ in scale by orders of magnitude. NaN or a size mismatch gives +inf.
+inline double MaxElementRelError(const std::vector<double>& got, const std::vector<double>& want) {
+  if (got.size() != want.size()) return INFINITY;
+  double e = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    e = std::max(e, want[i] == 0 ? std::fabs(got[i]) : std::fabs(got[i] - want[i]) / std::fabs(want[i]));
+  }
+  return e;
 }
 
 // max |got - want| / max |want| over the tensor (the project's "max relative error"); NaN or a

@@ -30,6 +30,11 @@ void BenchRmsNorm(const BenchConfig& cfg, std::vector<Row>& rows) {
   const double eps = 1e-5;
   const kernels::DType dt = KDType(cfg.dtype);
   const double esize = static_cast<double>(torch::elementSize(cfg.dtype));
+  // Planned once, as the worker's adapter does (it keeps one plan per device, dtype and width).
+  kernels::DeviceProps props;
+  Ok(kernels::CurrentDeviceProps(&props), "CurrentDeviceProps");
+  kernels::RmsNormPlan plan;
+  Ok(kernels::PlanRmsNorm(props, dt, n, &plan), "PlanRmsNorm");
   for (const int64_t tokens : cfg.tokens) {
     const auto x = torch::randn({tokens, n}, opts);
     const auto w = (1 + 0.1 * torch::randn({n}, opts)).to(cfg.dtype);
@@ -43,14 +48,14 @@ void BenchRmsNorm(const BenchConfig& cfg, std::vector<Row>& rows) {
     auto dw = torch::empty({n}, opts);
     auto ws = torch::empty({static_cast<int64_t>(ws_bytes)}, opts.dtype(torch::kUInt8));
     auto forward = [&](torch::Tensor& y_out, torch::Tensor& rstd_out) {
-      Ok(kernels::RmsNormForward(dt, x.data_ptr(), w.data_ptr(), y_out.data_ptr(), rstd_out.data_ptr<float>(), tokens,
-                                 n, static_cast<float>(eps), at::cuda::getCurrentCUDAStream().stream()),
+      Ok(kernels::RmsNormForward(plan, x.data_ptr(), w.data_ptr(), y_out.data_ptr(), rstd_out.data_ptr<float>(), tokens,
+                                 static_cast<float>(eps), at::cuda::getCurrentCUDAStream().stream()),
          "RmsNormForward");
     };
     auto backward = [&](const torch::Tensor& rstd_in, torch::Tensor& dx_out, torch::Tensor& dw_out,
                         torch::Tensor& ws_in) {
-      Ok(kernels::RmsNormBackward(dt, dy.data_ptr(), x.data_ptr(), w.data_ptr(), rstd_in.data_ptr<float>(),
-                                  dx_out.data_ptr(), dw_out.data_ptr(), ws_in.data_ptr(), tokens, n,
+      Ok(kernels::RmsNormBackward(plan, dy.data_ptr(), x.data_ptr(), w.data_ptr(), rstd_in.data_ptr<float>(),
+                                  dx_out.data_ptr(), dw_out.data_ptr(), ws_in.data_ptr(), tokens,
                                   at::cuda::getCurrentCUDAStream().stream()),
          "RmsNormBackward");
     };

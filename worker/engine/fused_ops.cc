@@ -3,6 +3,10 @@
 #if FTD_HAVE_KERNELS
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/record_function.h>
+#include <c10/cuda/CUDAFunctions.h>
+
+#include <mutex>
+#include <vector>
 
 #include "kernels/adamw.h"
 #include "kernels/cross_entropy.h"
@@ -41,6 +45,24 @@ torch::Tensor Workspace(size_t bytes, const torch::Tensor& like) {
 }
 
 // ---- RMSNorm -----------------------------------------------------------------------------------
+// The launch plan for rows of n elements of `dt` on the current device, made on first use (PlanRmsNorm
+// queries the device) and kept for the process: one per (device, dtype, n), a handful in a model.
+k::RmsNormPlan RmsNormPlanFor(k::DType dt, int64_t n) {
+  static std::mutex mu;
+  static std::vector<k::RmsNormPlan> plans;
+  const int device = c10::cuda::current_device();
+  std::lock_guard<std::mutex> lock(mu);
+  for (const k::RmsNormPlan& p : plans) {
+    if (p.device == device && p.dtype == dt && p.n == n) return p;
+  }
+  k::DeviceProps props;
+  Check(k::QueryDeviceProps(device, &props), "QueryDeviceProps");
+  k::RmsNormPlan plan;
+  Check(k::PlanRmsNorm(props, dt, n, &plan), "PlanRmsNorm");
+  plans.push_back(plan);
+  return plan;
+}
+
 struct RmsNormFn : public torch::autograd::Function<RmsNormFn> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x_in, const torch::Tensor& w, double eps) {
     const auto dt = KDType(x_in, "rmsnorm x");
@@ -51,8 +73,8 @@ struct RmsNormFn : public torch::autograd::Function<RmsNormFn> {
     auto y = torch::empty_like(x);
     auto rstd = torch::empty({rows}, x.options().dtype(torch::kFloat));
     RECORD_FUNCTION("ftd::rmsnorm_forward", c10::ArrayRef<const c10::IValue>{});
-    Check(k::RmsNormForward(dt, x.data_ptr(), w.contiguous().data_ptr(), y.data_ptr(), rstd.data_ptr<float>(), rows, n,
-                            static_cast<float>(eps), Stream()),
+    Check(k::RmsNormForward(RmsNormPlanFor(dt, n), x.data_ptr(), w.contiguous().data_ptr(), y.data_ptr(),
+                            rstd.data_ptr<float>(), rows, static_cast<float>(eps), Stream()),
           "RmsNormForward");
     ctx->save_for_backward({x, w, rstd});
     return y;
@@ -68,8 +90,8 @@ struct RmsNormFn : public torch::autograd::Function<RmsNormFn> {
     auto dw = torch::empty_like(w);
     auto ws = Workspace(k::RmsNormBackwardWorkspaceBytes(rows, n), x);
     RECORD_FUNCTION("ftd::rmsnorm_backward", c10::ArrayRef<const c10::IValue>{});
-    Check(k::RmsNormBackward(KDType(x, "rmsnorm x"), dy.data_ptr(), x.data_ptr(), w.data_ptr(), rstd.data_ptr<float>(),
-                             dx.data_ptr(), dw.data_ptr(), ws.data_ptr(), rows, n, Stream()),
+    Check(k::RmsNormBackward(RmsNormPlanFor(KDType(x, "rmsnorm x"), n), dy.data_ptr(), x.data_ptr(), w.data_ptr(),
+                             rstd.data_ptr<float>(), dx.data_ptr(), dw.data_ptr(), ws.data_ptr(), rows, Stream()),
           "RmsNormBackward");
     return {dx, dw, torch::Tensor()};
   }
