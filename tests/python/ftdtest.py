@@ -14,10 +14,12 @@ BUILD = Path(os.environ.get("FTD_BUILD_DIR", ROOT / "build"))
 WORKER = BUILD / "worker" / "ftd-worker"
 PARITY = BUILD / "tests" / "ftd-parity"
 
-# Odd sizes, MHA/GQA/MQA, llama3 RoPE scaling with all three frequency bands, tied and untied.
+# Odd sizes, MHA/GQA/MQA, llama3 RoPE scaling with all three frequency bands, tied and untied; RMSNorm
+# eps 1e-5 (LLaMA-3), 1e-6 (HF's default) and an odd 7.3e-5, so a model that ignores the configured eps
+# fails at least two of them (at init, hidden states have mean squares near 4e-4, so eps is visible).
 CONFIGS = {
     "gqa_llama3_untied": dict(vocab_size=211, hidden_size=72, intermediate_size=200, num_hidden_layers=2,
-                              num_attention_heads=6, num_key_value_heads=2, head_dim=12,
+                              num_attention_heads=6, num_key_value_heads=2, head_dim=12, rms_norm_eps=1e-5,
                               rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
                                                 high_freq_factor=4.0, original_max_position_embeddings=32),
                               tie_word_embeddings=False),
@@ -25,7 +27,7 @@ CONFIGS = {
                              num_attention_heads=4, num_key_value_heads=4, head_dim=16, rms_norm_eps=1e-6,
                              rope_theta=5000.0, tie_word_embeddings=True),
     "mqa_llama3_tied": dict(vocab_size=128, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
-                            num_attention_heads=8, num_key_value_heads=1,
+                            num_attention_heads=8, num_key_value_heads=1, rms_norm_eps=7.3e-5,
                             rope_scaling=dict(rope_type="llama3", factor=4.0, low_freq_factor=1.0,
                                               high_freq_factor=2.0, original_max_position_embeddings=16),
                             tie_word_embeddings=True),
