@@ -48,8 +48,14 @@ for stage in "${stages[@]}"; do
     build) build_ftd ;;
     test)
       stamp "GPU tests"
-      (cd "$build" && ctest -L gpu --output-on-failure -j1 --timeout 900 2>&1) > "$out/ctest-gpu.log" || rc=1
-      grep -E "Test +#|tests passed|tests failed|FAILED|Failed|Error|assert" "$out/ctest-gpu.log" | head -60 ;;
+      # On a GPU machine no GPU test may skip: FTD_TEST_NO_SKIP turns any skipped case into a failure
+      # (tests/gtest_main.cc, tests/python/conftest.py), and a test ctest reports as Skipped fails the stage.
+      (cd "$build" && FTD_TEST_NO_SKIP=1 ctest -L gpu --output-on-failure -j1 --timeout 900 2>&1) \
+        > "$out/ctest-gpu.log" || rc=1
+      if grep -qE "\(Skipped\)|Not Run" "$out/ctest-gpu.log"; then
+        echo "gpu.sh: GPU tests skipped on a GPU machine"; rc=1
+      fi
+      grep -E "Test +#|tests passed|tests failed|FAILED|Failed|Error|assert|skipped" "$out/ctest-gpu.log" | head -60 ;;
     kbench)
       stamp "kernel benchmark"
       "$build/bench/ftd-kernel-bench" --json "$out/kernel_bench.json" ${KBENCH_ARGS:-} > "$out/kernel_bench.md" \
