@@ -16,24 +16,55 @@ def test_bf16_training_on_gpu_learns_and_reports_memory(tmp_path):
                for s in steps)
 
 
+def _spread_model(tmp_path, seed):
+    """gqa_llama3_untied with lm_head scaled by 20: at init the logits then spread over several units, so
+    the loss (about 10) is far from that of a uniform output (log vocab = 5.35). At HF's init scale the
+    two differ by under 1%, and a loss bound could not tell a working model from a constant one."""
+    model = make_hf_model("gqa_llama3_untied", tmp_path / "m", seed=seed)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20)
+    model.save_pretrained(tmp_path / "m", safe_serialization=True)
+    return model
+
+
+def test_gpu_bf16_logits_match_transformers(tmp_path):
+    """Every logit of our eager model in bf16 on the GPU against HF transformers: no further from HF's
+    fp32 logits than HF's own bf16 run is (2x its error + 2e-3; measured on the CPU, HF bf16 is ~0.5%
+    off its fp32 logits). A model with uniform output is ~100% off."""
+    from ftdtest import max_rel_err, run_parity
+    model = _spread_model(tmp_path, seed=2)
+    ids, labels = _parity_batch("gqa_llama3_untied", t=64)
+    ours = run_parity(tmp_path / "m", ids, labels, tmp_path, "cuda", "bf16", "eager")
+    with torch.no_grad():
+        ref32 = model.to("cuda", torch.float32)(input_ids=ids.cuda()).logits.float().cpu()
+        ref16 = model.to("cuda", torch.bfloat16)(input_ids=ids.cuda()).logits.float().cpu()
+    e_ours, e_hf = max_rel_err(ours["logits"], ref32), max_rel_err(ref16, ref32)
+    assert e_ours <= 2 * e_hf + 2e-3, (e_ours, e_hf)
+
+
 @pytest.mark.parametrize("master", [False, True])
 def test_gpu_first_step_loss_matches_transformers_bf16(tmp_path, master):
+    """The real worker (data loader, bf16, with and without fp32 master weights): its first-step loss
+    against HF's on the same window, within 4x HF's own bf16 deviation from fp32 + 2e-3 relative (HF's
+    bf16 loss is within ~4e-4 of its fp32 loss here; a uniform output is 50% off)."""
     import numpy as np
     from ftdtest import write_tokens
     import torch.nn.functional as F
-    model = make_hf_model("gqa_llama3_untied", tmp_path / "m", seed=2)
+    model = _spread_model(tmp_path, seed=2)
     vocab, b, t = CONFIGS["gqa_llama3_untied"]["vocab_size"], 2, 64
     tokens = np.random.default_rng().integers(0, vocab, size=b * (t + 1) * 4)
     write_tokens(tmp_path / "tok.bin", tokens)
     _, ours, _, _ = run_worker({"model": {"weights_path": str(tmp_path / "m")}, "data": {"path": str(tmp_path / "tok.bin")},
                                 "steps": 2, "batch_size": b, "seq_len": t, "device": "cuda", "dtype": "bf16",
                                 "fp32_master_weights": master}, tmp_path)
-    hf = model.to("cuda", torch.bfloat16)
     w = torch.from_numpy(tokens[: b * (t + 1)].astype(np.int64)).view(b, t + 1).cuda()
-    with torch.no_grad():
-        logits = hf(input_ids=w[:, :-1]).logits.float()
-    ref = F.cross_entropy(logits.reshape(-1, vocab), w[:, 1:].reshape(-1)).item()
-    assert abs(ours[0]["loss"] - ref) / ref < 2e-2
+    refs = {}
+    for dt in (torch.float32, torch.bfloat16):
+        with torch.no_grad():
+            logits = model.to("cuda", dt)(input_ids=w[:, :-1]).logits.float()
+        refs[dt] = F.cross_entropy(logits.reshape(-1, vocab), w[:, 1:].reshape(-1)).item()
+    ref, hf_dev = refs[torch.float32], abs(refs[torch.bfloat16] - refs[torch.float32])
+    assert abs(ours[0]["loss"] - ref) <= 4 * hf_dev + 2e-3 * ref, (ours[0]["loss"], refs)
 
 
 # ---- the fused kernel set ------------------------------------------------------------------------
@@ -88,7 +119,9 @@ def test_fused_bf16_is_as_close_to_fp32_as_eager(tmp_path, name):
     def errs(o):
         e = {"logits": max_rel_err(o["logits"], ref_logits),
              "loss": abs(o["loss"].item() - ref_loss.item()) / ref_loss.item()}
-        e.update({n: max_rel_err(o["grad." + n], g) for n, g in ref_grads.items() if "grad." + n in o})
+        for n, g in ref_grads.items():  # every HF parameter (tied ones once) must have a gradient
+            assert "grad." + n in o, f"no gradient for {n}"
+            e[n] = max_rel_err(o["grad." + n], g)
         return e
     ee, ef = errs(eager), errs(fused)
     for k in ee:
@@ -97,7 +130,12 @@ def test_fused_bf16_is_as_close_to_fp32_as_eager(tmp_path, name):
 
 def test_fused_8b_loss_follows_eager_for_20_steps(tmp_path):
     """The LLaMA-3.1-8B shape, random init (same seed), same token windows: 20 steps with the fused
-    set give the eager set's losses within bf16 noise, with a lower peak memory."""
+    set give the eager set's losses within bf16 noise. This is a smoke test of the whole set at scale:
+    the loss moves only ~0.3% over such a run, so the optimizer's exactness is tested elsewhere
+    (optimizer_gpu_test: the fused AdamW against _fused_adamw_ weight by weight). Peak memory: at
+    1 x 512 the peak is the weights, gradients and two AdamW moments (8 bytes a parameter, at the
+    optimizer step), which no kernel changes, so fused and eager peak alike there (docs/performance.md):
+    fused must not exceed eager's peak, and both hold at least those 8 bytes a parameter."""
     import numpy as np
     from ftdtest import write_tokens
     tokens = np.random.default_rng().integers(0, 128256, size=21 * 513 + 1)
@@ -112,5 +150,7 @@ def test_fused_8b_loss_follows_eager_for_20_steps(tmp_path):
         runs[ks] = steps
     for e, f in zip(runs["eager"], runs["fused"]):
         assert abs(f["loss"] - e["loss"]) / e["loss"] <= 1e-2, (e["step"], e["loss"], f["loss"])
-    assert max(s["peak_mem_allocated_bytes"] for s in runs["fused"]) < max(
-        s["peak_mem_allocated_bytes"] for s in runs["eager"])
+    peak = {ks: max(s["peak_mem_allocated_bytes"] for s in steps) for ks, steps in runs.items()}
+    params = 8_030_261_248  # the 8B preset (engine_core_test)
+    assert peak["eager"] >= 8 * params and peak["fused"] >= 8 * params, peak
+    assert peak["fused"] <= peak["eager"] * 1.005, peak
