@@ -45,6 +45,7 @@ struct FlceCase {
   bool use_grad_scale = true;  // false: grad_scale == nullptr (s = 1)
   bool dx_aliases_x = false;
   bool invalid_label = false;
+  bool frozen_weight = false;  // dweight nullptr: no weight gradient (the poisoned buffer stays as it was)
 };
 
 class CublasHandle {
@@ -145,7 +146,7 @@ void RunCase(const FlceCase& c, DType dtype) {
             CUBLAS_STATUS_SUCCESS);
   Stream stream;
   ASSERT_EQ(FusedLinearCrossEntropy(handle.get(), dtype, x.get(), w.get(), labels_d.as<int64_t>(), loss.as<float>(),
-                                    lse.as<float>(), dx_ptr, dw.get(), c.accumulate_dweight,
+                                    lse.as<float>(), dx_ptr, c.frozen_weight ? nullptr : dw.get(), c.accumulate_dweight,
                                     c.use_grad_scale ? scale.as<float>() : nullptr, ws.get(), ws_bytes, c.rows,
                                     c.hidden, c.vocab, c.chunk_rows, kIgnore, stream.get()),
             cudaSuccess);
@@ -158,7 +159,12 @@ void RunCase(const FlceCase& c, DType dtype) {
 
   const std::vector<double> got_loss = loss.Download(), got_lse = lse.Download();
   const std::vector<double> got_dx = c.dx_aliases_x ? x.Download() : dx_separate.Download();
-  const std::vector<double> got_dw = dw.Download();
+  std::vector<double> got_dw = dw.Download();
+  if (c.frozen_weight) {
+    // Nothing was written to the (poisoned) buffer; the weight gradient is not checked.
+    for (size_t i = 0; i < got_dw.size(); ++i) ASSERT_TRUE(std::isnan(got_dw[i])) << "dweight written at " << i;
+    got_dw = want_dw;
+  }
 
   EXPECT_LE(MaxRelError(got_lse, want_lse), 1e-5) << "lse";
   if (c.invalid_label) {
@@ -216,6 +222,14 @@ TEST(FusedLinearCeGpu, AccumulatesDweight) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   FlceCase c{"accumulate", 37, 129, 8003, 16};
   c.accumulate_dweight = true;
+  RunBoth(c);
+}
+
+// A frozen weight (LoRA's lm_head): dweight nullptr, nothing written there, dx and the loss as usual.
+TEST(FusedLinearCeGpu, FrozenWeightGetsNoGradient) {
+  if (!testing::HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  FlceCase c{"frozen", 37, 129, 8003, 16};
+  c.frozen_weight = true;
   RunBoth(c);
 }
 

@@ -74,7 +74,7 @@ struct LoraGroupFn : public torch::autograd::Function<LoraGroupFn> {
     const bool mixed = adt == torch::kFloat && dt != torch::kFloat && x.is_cuda();
     const Split a = SplitTo(torch::cat(std::vector<torch::Tensor>(as.begin(), as.end()), 0), dt, mixed);  // [R, in]
     auto u = MmSplit(x2, a, /*b_transposed=*/true);  // [N, R], fp32 when mixed
-    auto u_base = u.to(dt);
+    const Split us = SplitTo(u, dt, mixed);
     variable_list out;
     auto shape = x.sizes().vec();
     int64_t off = 0;
@@ -82,7 +82,17 @@ struct LoraGroupFn : public torch::autograd::Function<LoraGroupFn> {
     for (int64_t i = 0; i < n; ++i) {
       const int64_t r = as[i].size(0);
       auto y = torch::mm(x2, ws[i].t());
-      y.addmm_(u_base.narrow(1, off, r), bs[i].to(dt).t(), /*beta=*/1, /*alpha=*/scale);
+      // The adapter's term in the GEMM's epilogue. Mixed: u B^T ~ u_hi B_hi^T + u_lo B_hi^T + u_hi B_lo^T
+      // as one GEMM over the concatenated rank (3r): one pass over y, as for r.
+      const Split bsplit = SplitTo(bs[i], dt, mixed);
+      auto ui = us.hi.narrow(1, off, r);
+      if (mixed) {
+        auto u3 = torch::cat({ui, us.lo.narrow(1, off, r), ui}, 1);
+        auto b3 = torch::cat({bsplit.hi, bsplit.hi, bsplit.lo}, 1);
+        y.addmm_(u3, b3.t(), /*beta=*/1, /*alpha=*/scale);
+      } else {
+        y.addmm_(ui, bsplit.hi.t(), /*beta=*/1, /*alpha=*/scale);
+      }
       shape.back() = ws[i].size(0);
       out.push_back(y.view(shape));
       ranks.push_back(r);
@@ -123,7 +133,11 @@ struct LoraGroupFn : public torch::autograd::Function<LoraGroupFn> {
     if (ctx->needs_input_grad(0)) {
       dx = torch::mm(dy[0], w(0));
       for (int64_t i = 1; i < n; ++i) dx.addmm_(dy[i], w(i));
-      dx.addmm_(gs.hi, a.hi);
+      if (mixed) {  // G A ~ G_hi A_hi + G_lo A_hi + G_hi A_lo, one GEMM over 3R
+        dx.addmm_(torch::cat({gs.hi, gs.lo, gs.hi}, 1), torch::cat({a.hi, a.hi, a.lo}, 0));
+      } else {
+        dx.addmm_(gs.hi, a.hi);
+      }
       dx = dx.view(ctx->saved_data["x_shape"].toIntVector());
     }
     auto da_cat = MmSplitLeft(gs, x2);  // [R, in]

@@ -37,7 +37,8 @@ torch::Tensor LoraLinear(const torch::Tensor& x, const torch::Tensor& w, const L
 // The `fused` lora op: projections of one input x [..., in] (q/k/v, or gate/up) with frozen weights
 // ws[i] [out_i, in] and adapters ads[i] (all on; dropout 0). One GEMM computes every adapter's
 // x A^T (A concatenated), each base GEMM's output receives its adapter's term in the GEMM's epilogue
-// (addmm, beta 1, alpha scale), all in x's dtype with fp32 accumulation; backward likewise: one GEMM
+// (addmm, beta 1, alpha scale), in x's dtype with fp32 accumulation (fp32 adapters on a bf16 base:
+// their operands as bf16 hi + lo pairs, fp32 rank-sized results); backward likewise: one GEMM
 // for the adapters' input gradients, dA from one GEMM, no weight gradient for ws. Saves x and the
 // [N, sum of ranks] adapter activations only (eager saves a copy of x in the adapters' dtype per
 // adapter). Returns y_i [..., out_i].
