@@ -706,11 +706,12 @@ TEST_F(JobManagerTest, AWatchWakesOnANewEventAndEndsAfterTheResult) {
 
   const LaunchRequest l = StartNext();  // the RUNNING state event
   absl::StatusOr<std::vector<JobEvent>> got;
-  // Waits (an hour at most) in another thread until the step below arrives.
+  // Waits in another thread until the step below arrives: woken by it, long before the deadline.
+  const auto t0 = std::chrono::steady_clock::now();
   std::thread watcher([&] {
     std::vector<JobEvent> all;
     while (all.empty() || !all.back().has_step()) {
-      auto evs = (*watch)->Next(std::chrono::hours(1), &done);
+      auto evs = (*watch)->Next(std::chrono::seconds(60), &done);
       if (!evs.ok()) {
         got = evs.status();
         return;
@@ -721,6 +722,7 @@ TEST_F(JobManagerTest, AWatchWakesOnANewEventAndEndsAfterTheResult) {
   });
   ASSERT_TRUE(Step(l, 1).ok());
   watcher.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
   ASSERT_TRUE(got.ok()) << got.status();
   ASSERT_EQ(got->size(), 2u);
   EXPECT_EQ((*got)[0].state().state(), ftd::v1::RUNNING);
@@ -728,7 +730,7 @@ TEST_F(JobManagerTest, AWatchWakesOnANewEventAndEndsAfterTheResult) {
 
   ASSERT_TRUE(Report(l, RunResult::SUCCEEDED, "").ok());
   launcher_->Exit(l, Exited(0));
-  auto last = (*watch)->Next(std::chrono::hours(1), &done);
+  auto last = (*watch)->Next(std::chrono::seconds(60), &done);
   ASSERT_TRUE(last.ok());
   EXPECT_TRUE(done);
   ASSERT_EQ(last->size(), 2u);
@@ -740,10 +742,12 @@ TEST_F(JobManagerTest, CloseWatchesEndsAWaitingWatch) {
   const std::string id = Submit("w");
   auto watch = m.WatchJob(id, 1);
   ASSERT_TRUE(watch.ok());
+  const auto t0 = std::chrono::steady_clock::now();
   std::thread closer([&] { m.CloseWatches(); });
   bool done = false;
-  auto evs = (*watch)->Next(std::chrono::hours(1), &done);  // returns once closed
+  auto evs = (*watch)->Next(std::chrono::seconds(60), &done);  // returns once closed
   closer.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
   ASSERT_TRUE(evs.ok());
   EXPECT_TRUE(evs->empty());
 }
