@@ -25,7 +25,7 @@ absl::StatusOr<torch::Tensor> Read(const SafetensorsFile& f, const char* name) {
 absl::Status Main(const std::string& model_dir, const std::string& batch_path, const std::string& out_path,
                   const std::string& device_name, const std::string& dtype_name, const std::string& kernel_set,
                   const std::string& adapter_dir) {
-  auto cfg = LoadLlamaConfig(model_dir);
+  auto cfg = ReadLlamaConfig(model_dir, "MODEL_DIR");
   if (!cfg.ok()) return cfg.status();
   const torch::Device device(device_name);
   const auto dtype = dtype_name == "bf16" ? torch::kBFloat16 : torch::kFloat;
@@ -62,9 +62,7 @@ absl::Status Main(const std::string& model_dir, const std::string& batch_path, c
   auto host = [](const torch::Tensor& t) { return t.detach().to(torch::kCPU, torch::kFloat).contiguous(); };
   std::vector<std::pair<std::string, torch::Tensor>> out = {{"logits", host(logits)}, {"loss", host(loss).reshape({1})}};
   for (const auto& [name, p] : (*model)->trainable_parameters()) out.emplace_back("grad." + name, host(p.grad()));
-  std::vector<TensorToWrite> w;
-  for (const auto& [name, t] : out) w.push_back({name, DType::kF32, t.sizes().vec(), t.data_ptr()});
-  return WriteSafetensors(out_path, w);
+  return WriteTensors(out_path, out, {}, nullptr);
 }
 
 }  // namespace

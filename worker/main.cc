@@ -1,7 +1,9 @@
 // ftd-worker: runs a training job. Standalone mode (`ftd-worker run SPEC.json`) runs a job spec
-// file locally without a daemon and prints one JSON line per reported step, then one result line.
-// Logs go to stderr. Exit codes: 0 succeeded, 1 failed, 2 invalid spec, 3 GPU out of memory,
-// 4 non-finite loss or gradient, 5 stopped by SIGINT/SIGTERM (after checkpointing, if configured).
+// file locally without a daemon and prints one JSON line per reported step, then one result line;
+// progress lines ({"event": "progress", ...}) come while weights, data or a checkpoint load and
+// while checkpoints are written. Logs go to stderr. Exit codes: 0 succeeded, 1 failed, 2 invalid
+// spec, 3 GPU out of memory, 4 non-finite loss or gradient, 5 stopped by SIGINT/SIGTERM (after
+// checkpointing, if configured).
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -131,6 +133,16 @@ int Run(const std::string& spec_path, bool use_default, const std::vector<std::s
     std::cout << (text ? StepText(m) : StepJson(m).dump()) << std::endl;
   };
   hooks.on_log = [](std::string_view line) { std::cerr << "ftd-worker: " << line << std::endl; };
+  if (!text) {
+    hooks.on_progress = [](const ftd::engine::Progress& p) {
+      std::cout << nlohmann::json{{"event", "progress"},
+                                  {"phase", ftd::engine::ProgressPhaseName(p.phase)},
+                                  {"done_bytes", p.done_bytes},
+                                  {"total_bytes", p.total_bytes}}
+                       .dump()
+                << std::endl;
+    };
+  }
   hooks.stop = &g_stop;
   const auto sum = ftd::engine::RunTraining(*config, hooks);
   std::cout << nlohmann::json{{"event", "result"},

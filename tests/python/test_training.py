@@ -91,33 +91,6 @@ def test_incomplete_checkpoints_are_ignored(tmp_path):
     assert [s["step"] for s in steps] == [4, 5]
 
 
-def complete_checkpoints(root):
-    """The step-N directories whose manifest lists files of the sizes they have, by step."""
-    out = []
-    for d in sorted(Path(root).iterdir()):
-        m = d / "MANIFEST.json"
-        if d.name.endswith(".tmp") or not m.exists():
-            continue
-        files = json.loads(m.read_text())["files"]
-        if all((d / f).stat().st_size == size for f, size in files.items()):
-            out.append(d.name)
-    return out
-
-
-@pytest.mark.parametrize("keep_last", [1, 2])
-def test_keep_last_prunes_older_checkpoints(tmp_path, keep_last):
-    """Pruning removes directories (it crashed the worker when std::filesystem bound into libtorch)."""
-    ck = tmp_path / "ck"
-    spec = {"model": {"preset": "tiny"}, "batch_size": 4, "seq_len": 32, "device": "cpu", "steps": 20,
-            "checkpoint": {"dir": str(ck), "every_steps": 5, "keep_last": keep_last}}
-    code, steps, result, err = run_worker(spec, tmp_path, check=False)
-    assert code == 0, err
-    assert result["outcome"] == "SUCCEEDED" and [s["step"] for s in steps] == list(range(1, 21))
-    want = [f"step-{n:08d}" for n in (5, 10, 15, 20)][-keep_last:]
-    assert sorted(p.name for p in ck.iterdir()) == want
-    assert complete_checkpoints(ck) == want
-
-
 def test_sigterm_checkpoints_and_stops(tmp_path):
     spec = {"model": {"preset": "tiny"}, "steps": 100000, "batch_size": 2, "seq_len": 16, "device": "cpu",
             "checkpoint": {"dir": str(tmp_path / "ck")}}
@@ -136,17 +109,25 @@ def test_sigterm_checkpoints_and_stops(tmp_path):
 
 def test_non_finite_loss_stops_the_run_without_applying_the_update(tmp_path):
     from safetensors.torch import load_file
-    spec = {"model": {"preset": "tiny"}, "steps": 200, "batch_size": 4, "seq_len": 16, "device": "cpu",
-            "optimizer": {"lr": 1e30, "grad_clip": 0, "weight_decay": 0}, "checkpoint": {"dir": str(tmp_path / "ck")}}
-    code, steps, result, err = run_worker(spec, tmp_path, check=False)
+    base = {"model": {"preset": "tiny"}, "steps": 200, "batch_size": 4, "seq_len": 16, "device": "cpu",
+            "optimizer": {"lr": 1e30, "grad_clip": 0, "weight_decay": 0}}
+    code, steps, result, err = run_worker(dict(base, checkpoint={"dir": str(tmp_path / "ck")}), tmp_path, check=False)
     assert code == 4 and result["outcome"] == "NON_FINITE"
     assert "non-finite" in result["message"] and "skipped" in result["message"]
-    assert result["steps_done"] == len(steps) < 200
-    # The last good state was checkpointed, and the failed step's update never reached it.
+    good = result["steps_done"]
+    assert good == len(steps) and 1 <= good < 200
+    # The last good state was checkpointed. The same job stopped after its `good` steps ends in the
+    # state the failed step must have left alone: weights, AdamW moments and step counts, RNG, bit
+    # for bit.
     ck = Path(result["last_checkpoint"])
-    assert ck.name == f"step-{result['steps_done']:08d}"
-    weights = load_file(str(ck / "model.safetensors"))
-    assert all(torch.isfinite(t).all() for t in weights.values())
+    assert ck.name == f"step-{good:08d}"
+    _, _, ref, _ = run_worker(dict(base, steps=good, checkpoint={"dir": str(tmp_path / "ref")}), tmp_path)
+    for name in ("model.safetensors", "optimizer.safetensors"):
+        got, want = load_file(str(ck / name)), load_file(str(Path(ref["last_checkpoint"]) / name))
+        assert got.keys() == want.keys()
+        changed = [k for k in want if not torch.equal(got[k].reshape(-1).view(torch.uint8),
+                                                      want[k].reshape(-1).view(torch.uint8))]
+        assert not changed, f"the skipped step changed {name}: {changed[:5]}"
 
 
 @pytest.mark.parametrize("spec,needle", [
@@ -163,6 +144,54 @@ def test_bad_specs_are_refused_naming_the_field(tmp_path, spec, needle):
     code, steps, _, err = run_worker(dict({"device": "cpu", "steps": 2}, **spec), tmp_path, check=False)
     assert code == 2 and not steps
     assert needle in err
+
+
+def run_worker_within(spec, tmp, seconds):
+    """ftd-worker run SPEC, killed if it has not exited within `seconds`: (exit code, result, stderr)."""
+    path = Path(tmp) / "spec.json"
+    path.write_text(json.dumps(spec))
+    p = subprocess.Popen([str(WORKER), "run", str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = p.communicate(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+        raise AssertionError(f"ftd-worker still running after {seconds} s: {err}")
+    result = next((json.loads(l) for l in out.splitlines() if '"result"' in l), None)
+    return p.returncode, result, err
+
+
+@pytest.mark.parametrize("where,field,kind", [
+    ("data", "spec.data.path", "a FIFO"),
+    ("data_dir", "spec.data.path", "a directory"),
+    ("data_device", "spec.data.path", "a character device"),
+    ("weights", "spec.model.weights_path", "a FIFO"),
+    ("weights_config", "spec.model.weights_path", "a FIFO"),
+    ("config", "spec.model.config_path", "a FIFO"),
+])
+def test_inputs_that_are_not_regular_files_are_refused_at_open(tmp_path, where, field, kind):
+    """A FIFO with no writer blocked the worker in open() or read() forever; a device or a directory
+    where a file belongs is refused as well, naming the spec field."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    spec = {"model": {"preset": "tiny"}, "device": "cpu", "steps": 1, "batch_size": 1, "seq_len": 8}
+    if where == "data":
+        spec["data"] = {"path": str(fifo)}
+    elif where == "data_dir":
+        spec["data"] = {"path": str(tmp_path)}
+    elif where == "data_device":
+        spec["data"] = {"path": "/dev/zero"}
+    elif where == "config":
+        spec["model"] = {"config_path": str(fifo)}
+    else:
+        make_hf_model("mha_tied_headdim", tmp_path / "m")
+        name = "model.safetensors" if where == "weights" else "config.json"
+        (tmp_path / "m" / name).unlink()
+        os.mkfifo(tmp_path / "m" / name)
+        spec["model"] = {"weights_path": str(tmp_path / "m")}
+    code, result, err = run_worker_within(spec, tmp_path, 60)
+    assert code == 2 and result["outcome"] == "INVALID_SPEC", err
+    assert result["message"].startswith(field + ": ") and f" is {kind}, not a regular file" in result["message"]
 
 
 def test_corrupt_weights_are_refused_naming_the_tensor(tmp_path):

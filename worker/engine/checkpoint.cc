@@ -1,6 +1,11 @@
 #include "worker/engine/checkpoint.h"
 
+#include <fcntl.h>
+#include <stdio.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
@@ -22,15 +27,21 @@ const char* const kLoraFiles[] = {"adapter_model.safetensors", "adapter_config.j
                                   "trainer_state.json"};
 const char* const kMergedFiles[] = {"merged/model.safetensors", "merged/config.json"};
 
+// "step-00000042" -> 42 (8 digits or more); any other name -> nullopt.
 std::optional<int64_t> StepOf(const fs::path& p) {
   const std::string n = p.filename().string();
-  if (n.size() != 13 || n.rfind("step-", 0) != 0) return std::nullopt;
+  if (n.size() < 13 || n.size() > 23 || n.rfind("step-", 0) != 0) return std::nullopt;
   if (n.find_first_not_of("0123456789", 5) != std::string::npos) return std::nullopt;
   return std::stoll(n.substr(5));
 }
 
+// A directory being written, or left behind by a writer that died: "step-<anything>.tmp".
+bool IsPartial(const std::string& name) {
+  return name.size() > 9 && name.rfind("step-", 0) == 0 && name.compare(name.size() - 4, 4, ".tmp") == 0;
+}
+
 bool Complete(const fs::path& dir) {
-  auto text = ReadFile((dir / "MANIFEST.json").string());
+  auto text = ReadRegularFile((dir / "MANIFEST.json").string(), "");
   if (!text.ok()) return false;
   try {
     json m = json::parse(*text);
@@ -45,45 +56,106 @@ bool Complete(const fs::path& dir) {
   }
 }
 
+absl::Status RemoveTree(const fs::path& p) {
+  std::error_code ec;
+  fs::remove_all(p, ec);  // a symbolic link is removed, not followed
+  if (ec) return absl::InternalError(absl::StrCat("remove ", p.string(), ": ", ec.message()));
+  return absl::OkStatus();
+}
+
+// Moves the written directory `tmp` to `final_dir`. Where final_dir exists already (a run that
+// started over with checkpoint.resume off reaches a step it had checkpointed before) the two are
+// exchanged in one rename, so that a complete final_dir exists at every instant, and `*old` is set
+// to where the replaced checkpoint now is (under tmp's name), to remove once the rename is durable.
+absl::Status Publish(const fs::path& tmp, const fs::path& final_dir, std::optional<fs::path>* old) {
+  if (::rename(tmp.c_str(), final_dir.c_str()) == 0) return absl::OkStatus();
+  if (errno != ENOTEMPTY && errno != EEXIST) {
+    return absl::InternalError(absl::StrCat("rename ", tmp.string(), ": ", std::strerror(errno)));
+  }
+  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
+    *old = tmp;
+    return absl::OkStatus();
+  }
+  if (errno != EINVAL && errno != ENOSYS) {
+    return absl::InternalError(absl::StrCat("exchange ", tmp.string(), ": ", std::strerror(errno)));
+  }
+  // A filesystem without RENAME_EXCHANGE: move the old one aside (under a partial name, so that a
+  // crash here leaves something the next writer removes), then rename.
+  const fs::path aside = fs::path(final_dir.string() + ".replaced.tmp");
+  if (::rename(final_dir.c_str(), aside.c_str()) != 0 || ::rename(tmp.c_str(), final_dir.c_str()) != 0) {
+    return absl::InternalError(absl::StrCat("rename ", tmp.string(), ": ", std::strerror(errno)));
+  }
+  *old = aside;
+  return absl::OkStatus();
+}
+
+// Keeps `written` and the keep_last - 1 newest other complete checkpoints. Each one removed is
+// first renamed to a partial name: a crash while removing it leaves nothing a loader would take.
+absl::Status Prune(const fs::path& root, const fs::path& written, int keep_last) {
+  std::vector<std::pair<int64_t, fs::path>> others;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    if (e.path() == written) continue;
+    if (auto step = StepOf(e.path()); step && Complete(e.path())) others.emplace_back(*step, e.path());
+  }
+  if (ec) return absl::InternalError(absl::StrCat("list ", root.string(), ": ", ec.message()));
+  std::sort(others.begin(), others.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (size_t i = static_cast<size_t>(keep_last - 1); i < others.size(); ++i) {
+    const fs::path victim = others[i].second;
+    const fs::path doomed = fs::path(victim.string() + ".pruned.tmp");
+    if (::rename(victim.c_str(), doomed.c_str()) != 0) {
+      return absl::InternalError(absl::StrCat("rename ", victim.string(), ": ", std::strerror(errno)));
+    }
+    if (auto s = RemoveTree(doomed); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const TrainerState& st, const LlamaModel& model,
-                                           const AdamW& opt, int keep_last, bool merged) {
+                                           const AdamW& opt, int keep_last, bool merged,
+                                           const ProgressFn& progress) {
   std::error_code ec;
   fs::create_directories(root, ec);
   if (ec) return absl::InternalError(absl::StrCat("create ", root, ": ", ec.message()));
+  // Held until the checkpoint is in place and pruned. The kernel releases it when a writer dies,
+  // so every partial checkpoint found while holding it was left by a writer that is gone.
+  auto lock = DirLock::Acquire(root);
+  if (!lock.ok()) return lock.status();
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    if (!IsPartial(e.path().filename().string())) continue;
+    if (auto s = RemoveTree(e.path()); !s.ok()) return s;
+  }
+  if (ec) return absl::InternalError(absl::StrCat("list ", root, ": ", ec.message()));
+
   const std::string name = absl::StrFormat("step-%08d", st.step);
   const fs::path final_dir = fs::path(root) / name;
   const fs::path tmp = fs::path(root) / (name + ".tmp");
-  fs::remove_all(tmp, ec);
-  fs::create_directories(tmp, ec);
-  if (ec) return absl::InternalError(absl::StrCat("create ", tmp.string(), ": ", ec.message()));
-
-  if (model.lora()) {
-    if (auto s = model.SaveAdapters(tmp.string()); !s.ok()) return s;
-    if (merged) {
-      fs::create_directories(tmp / "merged", ec);
-      if (ec) return absl::InternalError(absl::StrCat("create ", (tmp / "merged").string(), ": ", ec.message()));
-      if (auto s = model.SaveMerged((tmp / "merged").string()); !s.ok()) return s;
-      if (auto s = FsyncDir((tmp / "merged").string()); !s.ok()) return s;
-    }
-  } else {
-    if (auto s = model.SaveWeights(tmp.string()); !s.ok()) return s;
+  if (!fs::create_directory(tmp, ec) || ec) {
+    return absl::InternalError(absl::StrCat("create ", tmp.string(), ": ", ec ? ec.message() : "exists"));
   }
 
   // Optimizer state and RNG states.
-  std::vector<std::pair<std::string, torch::Tensor>> tensors = opt.State();
-  tensors.emplace_back("rng.cpu", at::detail::getDefaultCPUGenerator().get_state());
-  std::vector<torch::Tensor> host;
-  std::vector<TensorToWrite> out;
-  host.reserve(tensors.size());
-  for (const auto& [key, t] : tensors) {
-    host.push_back(t.detach().to(torch::kCPU).contiguous());
-    auto d = SafetensorsDType(host.back().scalar_type());
-    if (!d.ok()) return d.status();
-    out.push_back({key, *d, host.back().sizes().vec(), host.back().data_ptr()});
+  NamedTensors state_tensors = opt.State();
+  state_tensors.emplace_back("rng.cpu", at::detail::getDefaultCPUGenerator().get_state());
+  const uint64_t model_bytes = model.lora() ? TensorBytes(model.trainable_parameters()) +
+                                                  (merged ? TensorBytes(model.named_parameters()) : 0)
+                                            : TensorBytes(model.named_parameters());
+  ProgressMeter meter(progress, ProgressPhase::kSaveCheckpoint, model_bytes + TensorBytes(state_tensors));
+  if (model.lora()) {
+    if (auto s = model.SaveAdapters(tmp.string(), &meter); !s.ok()) return s;
+    if (merged) {
+      if (!fs::create_directory(tmp / "merged", ec) || ec) {
+        return absl::InternalError(absl::StrCat("create ", (tmp / "merged").string(), ": ", ec.message()));
+      }
+      if (auto s = model.SaveMerged((tmp / "merged").string(), &meter); !s.ok()) return s;
+      if (auto s = FsyncDir((tmp / "merged").string()); !s.ok()) return s;
+    }
+  } else {
+    if (auto s = model.SaveWeights(tmp.string(), &meter); !s.ok()) return s;
   }
-  if (auto s = WriteSafetensors((tmp / "optimizer.safetensors").string(), out); !s.ok()) return s;
+  if (auto s = WriteTensors((tmp / "optimizer.safetensors").string(), state_tensors, {}, &meter); !s.ok()) return s;
 
   json state = {{"step", st.step},           {"micro_batches", st.micro_batches}, {"tokens_total", st.tokens_total},
                 {"batch_size", st.batch_size}, {"seq_len", st.seq_len},           {"shuffle", st.shuffle},
@@ -102,18 +174,15 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const Traine
   }
   if (auto s = WriteFileSynced((tmp / "MANIFEST.json").string(), manifest.dump(2)); !s.ok()) return s;
   if (auto s = FsyncDir(tmp.string()); !s.ok()) return s;
-  fs::remove_all(final_dir, ec);
-  fs::rename(tmp, final_dir, ec);
-  if (ec) return absl::InternalError(absl::StrCat("rename ", tmp.string(), ": ", ec.message()));
+  std::optional<fs::path> replaced;
+  if (auto s = Publish(tmp, final_dir, &replaced); !s.ok()) return s;
   if (auto s = FsyncDir(root); !s.ok()) return s;
-
+  if (replaced) {
+    if (auto s = RemoveTree(*replaced); !s.ok()) return s;
+  }
+  meter.Finish();
   if (keep_last > 0) {
-    std::vector<std::pair<int64_t, fs::path>> done;
-    for (const auto& e : fs::directory_iterator(root, ec)) {
-      if (auto step = StepOf(e.path()); step && Complete(e.path())) done.emplace_back(*step, e.path());
-    }
-    std::sort(done.begin(), done.end());
-    for (size_t i = 0; i + static_cast<size_t>(keep_last) < done.size(); ++i) fs::remove_all(done[i].second, ec);
+    if (auto s = Prune(root, final_dir, keep_last); !s.ok()) return s;
   }
   return final_dir.string();
 }
@@ -132,8 +201,9 @@ absl::StatusOr<std::optional<std::string>> LatestCheckpoint(const std::string& r
   return std::optional<std::string>(best->second.string());
 }
 
-absl::Status LoadCheckpoint(const std::string& dir, TrainerState* st, LlamaModel* model, AdamW* opt) {
-  auto text = ReadFile((fs::path(dir) / "trainer_state.json").string());
+absl::Status LoadCheckpoint(const std::string& dir, TrainerState* st, LlamaModel* model, AdamW* opt,
+                            const ProgressFn& progress) {
+  auto text = ReadRegularFile((fs::path(dir) / "trainer_state.json").string(), "");
   if (!text.ok()) return text.status();
   TrainerState saved;
   try {
@@ -167,16 +237,20 @@ absl::Status LoadCheckpoint(const std::string& dir, TrainerState* st, LlamaModel
         " checkpoint and this run is ", model->lora() ? "LoRA" : "full fine-tuning",
         " (use a new checkpoint.dir, or set spec.lora as the checkpoint was written)"));
   }
-  if (auto s = model->lora() ? model->LoadAdapters(dir) : model->LoadWeights(dir); !s.ok()) return s;
+  ProgressMeter meter(progress, ProgressPhase::kLoadCheckpoint, 0);
+  if (auto s = model->lora() ? model->LoadAdapters(dir) : model->LoadWeights(dir, &meter); !s.ok()) return s;
   auto file = SafetensorsFile::Open((fs::path(dir) / "optimizer.safetensors").string());
   if (!file.ok()) return file.status();
+  for (const auto& t : (*file)->tensors()) meter.AddTotal(t.end - t.begin);
   auto lookup = [&](const std::string& key) -> absl::StatusOr<torch::Tensor> {
     const TensorInfo* info = (*file)->Find(key);
     if (info == nullptr) return absl::DataLossError(absl::StrCat(dir, "/optimizer.safetensors: \"", key, "\" is missing"));
     auto dt = TorchDType(info->dtype);
     if (!dt.ok()) return dt.status();
-    return torch::from_blob(const_cast<std::byte*>((*file)->data(*info)), info->shape, torch::TensorOptions().dtype(*dt))
-        .clone();
+    auto t = torch::from_blob(const_cast<std::byte*>((*file)->data(*info)), info->shape, torch::TensorOptions().dtype(*dt))
+                 .clone();
+    meter.Add(info->end - info->begin);
+    return t;
   };
   if (auto s = opt->LoadState(lookup); !s.ok()) return s;
   auto rng = lookup("rng.cpu");
@@ -184,6 +258,7 @@ absl::Status LoadCheckpoint(const std::string& dir, TrainerState* st, LlamaModel
   at::Generator gen = at::detail::getDefaultCPUGenerator();
   gen.set_state(*rng);
   *st = saved;
+  meter.Finish();
   return absl::OkStatus();
 }
 

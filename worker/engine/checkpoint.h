@@ -7,9 +7,11 @@
 //     optimizer.safetensors            AdamW state under fixed names, and RNG states
 //     trainer_state.json               step, data cursor, shapes the cursor depends on
 //     MANIFEST.json                    written last: format, step, every file and its size
-// Writing goes to step-N.tmp/, fsyncs every file, writes the manifest, renames the directory and
-// fsyncs <root>. A loader takes the newest directory whose manifest is present and whose files
-// have the sizes it lists; anything else (a crash mid-write) is ignored.
+// Writing holds an exclusive flock on <root>, removes partial checkpoints (`step-*.tmp`) that dead
+// writers left, writes step-N.tmp/, fsyncs every file, writes and fsyncs the manifest, fsyncs the
+// directory, renames it to step-N (exchanging it atomically with an older step-N) and fsyncs <root>;
+// then prunes to keep_last. A loader takes the newest directory whose manifest is present and whose
+// files have the sizes it lists; anything else (a crash mid-write) is ignored.
 #pragma once
 
 #include <optional>
@@ -18,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "worker/engine/model.h"
 #include "worker/engine/optimizer.h"
+#include "worker/engine/progress.h"
 
 namespace ftd::engine {
 
@@ -32,12 +35,18 @@ struct TrainerState {
   std::string data_path;
 };
 
-// `merged` (LoRA only): also write merged/ (the base with the adapters merged into it).
+// Writes the checkpoint of `state.step` and returns its directory. `merged` (LoRA only): also write
+// merged/ (the base with the adapters merged into it). keep_last > 0 then keeps that one and the
+// keep_last - 1 newest other complete checkpoints, removing the rest. Reports kSaveCheckpoint
+// progress through `progress` (may be empty).
 absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const TrainerState& state,
                                            const LlamaModel& model, const AdamW& opt, int keep_last,
-                                           bool merged = false);
+                                           bool merged = false, const ProgressFn& progress = {});
 // The newest complete checkpoint under root, or nullopt if there is none.
 absl::StatusOr<std::optional<std::string>> LatestCheckpoint(const std::string& root);
-absl::Status LoadCheckpoint(const std::string& dir, TrainerState* state, LlamaModel* model, AdamW* opt);
+// Loads a checkpoint written with the same data settings as `state` (refused otherwise, naming the
+// field). Reports kLoadCheckpoint progress through `progress` (may be empty).
+absl::Status LoadCheckpoint(const std::string& dir, TrainerState* state, LlamaModel* model, AdamW* opt,
+                            const ProgressFn& progress = {});
 
 }  // namespace ftd::engine

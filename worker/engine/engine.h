@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "worker/engine/progress.h"
 #include "worker/engine/spec_types.h"
 
 namespace ftd::engine {
@@ -78,6 +79,12 @@ struct RunHooks {
   std::function<void(std::string_view)> on_log;       // human-readable progress lines
   const std::atomic<bool>* stop = nullptr;            // set to end the run after the current step
   std::function<void(const ProfileSummary&)> on_profile;  // profiled runs: once, after the profiled steps
+  // Outside training steps: loading the weights (load_weights), opening the data (load_data),
+  // resuming (load_checkpoint) and writing a checkpoint (save_checkpoint). Called from the training
+  // thread at the start of each phase (done 0), at most every 250 ms while its bytes move, and at
+  // its end (done == total), so a watchdog that sees neither a step nor progress for long knows
+  // the run is stuck rather than slow. total_bytes may grow as a phase opens what it reads.
+  ProgressFn on_progress;
 };
 
 // Runs the whole job: builds or loads the model, resumes from a checkpoint if asked, trains,

@@ -1,59 +1,115 @@
 #include "worker/engine/fs_util.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
-#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 
 namespace ftd::engine {
+namespace {
 
-absl::Status WriteFileSynced(const std::string& path, const std::string& contents) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return absl::InternalError(absl::StrCat("create ", path, ": ", std::strerror(errno)));
-  const char* p = contents.data();
-  size_t n = contents.size();
+std::string Prefix(std::string_view what) { return what.empty() ? std::string() : std::string(what) + ": "; }
+
+const char* FileKind(mode_t m) {
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISFIFO(m)) return "a FIFO";
+  if (S_ISSOCK(m)) return "a socket";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  return "not a regular file";
+}
+
+}  // namespace
+
+Fd::~Fd() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Fd& Fd::operator=(Fd&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = o.release();
+  }
+  return *this;
+}
+
+absl::StatusOr<Fd> OpenRegularFile(const std::string& path, std::string_view what) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));
+  if (fd.get() < 0) {
+    const int e = errno;
+    const std::string msg = absl::StrCat(Prefix(what), "cannot open ", path, ": ", std::strerror(e));
+    return e == ENOENT ? absl::NotFoundError(msg) : absl::FailedPreconditionError(msg);
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) {
+    return absl::InternalError(absl::StrCat(Prefix(what), "stat ", path, ": ", std::strerror(errno)));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Prefix(what), path, " is ", FileKind(st.st_mode), ", not a regular file (give a regular file)"));
+  }
+  const int flags = ::fcntl(fd.get(), F_GETFL);
+  if (flags < 0 || ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK) != 0) {
+    return absl::InternalError(absl::StrCat(Prefix(what), "fcntl ", path, ": ", std::strerror(errno)));
+  }
+  return fd;
+}
+
+absl::StatusOr<std::string> ReadRegularFile(const std::string& path, std::string_view what) {
+  auto fd = OpenRegularFile(path, what);
+  if (!fd.ok()) return fd.status();
+  std::string out;
+  char buf[1 << 16];
+  while (true) {
+    const ssize_t n = ::read(fd->get(), buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return absl::InternalError(absl::StrCat(Prefix(what), "read ", path, ": ", std::strerror(errno)));
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return out;
+}
+
+absl::Status WriteAll(int fd, const void* data, size_t n, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
   while (n > 0) {
-    ssize_t w = ::write(fd, p, n);
+    const ssize_t w = ::write(fd, p, n);
     if (w < 0 && errno == EINTR) continue;
-    if (w < 0) {
-      const int e = errno;
-      ::close(fd);
-      return absl::InternalError(absl::StrCat("write ", path, ": ", std::strerror(e)));
-    }
+    if (w < 0) return absl::InternalError(absl::StrCat("write ", path, ": ", std::strerror(errno)));
     p += w;
     n -= static_cast<size_t>(w);
   }
-  if (::fsync(fd) != 0) {
-    const int e = errno;
-    ::close(fd);
-    return absl::InternalError(absl::StrCat("fsync ", path, ": ", std::strerror(e)));
-  }
-  if (::close(fd) != 0) return absl::InternalError(absl::StrCat("close ", path, ": ", std::strerror(errno)));
+  return absl::OkStatus();
+}
+
+absl::Status WriteFileSynced(const std::string& path, const std::string& contents) {
+  Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (fd.get() < 0) return absl::InternalError(absl::StrCat("create ", path, ": ", std::strerror(errno)));
+  if (auto s = WriteAll(fd.get(), contents.data(), contents.size(), path); !s.ok()) return s;
+  if (::fsync(fd.get()) != 0) return absl::InternalError(absl::StrCat("fsync ", path, ": ", std::strerror(errno)));
+  if (::close(fd.release()) != 0) return absl::InternalError(absl::StrCat("close ", path, ": ", std::strerror(errno)));
   return absl::OkStatus();
 }
 
 absl::Status FsyncDir(const std::string& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return absl::InternalError(absl::StrCat("open ", dir, ": ", std::strerror(errno)));
-  const int rc = ::fsync(fd);
-  const int e = errno;
-  ::close(fd);
-  if (rc != 0) return absl::InternalError(absl::StrCat("fsync ", dir, ": ", std::strerror(e)));
+  Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (fd.get() < 0) return absl::InternalError(absl::StrCat("open ", dir, ": ", std::strerror(errno)));
+  if (::fsync(fd.get()) != 0) return absl::InternalError(absl::StrCat("fsync ", dir, ": ", std::strerror(errno)));
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+absl::StatusOr<DirLock> DirLock::Acquire(const std::string& dir) {
+  Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (fd.get() < 0) return absl::InternalError(absl::StrCat("open ", dir, ": ", std::strerror(errno)));
+  while (::flock(fd.get(), LOCK_EX) != 0) {
+    if (errno != EINTR) return absl::UnavailableError(absl::StrCat("lock ", dir, ": ", std::strerror(errno)));
+  }
+  return DirLock(std::move(fd));
 }
 
 }  // namespace ftd::engine

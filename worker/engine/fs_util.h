@@ -1,18 +1,65 @@
-// Durable file writes: the building blocks of atomic checkpoints. No LibTorch.
+// Files: durable writes (the building blocks of atomic checkpoints), opening inputs that must be
+// regular files, and an exclusive lock on a directory. No LibTorch.
 #pragma once
 
 #include <string>
+#include <string_view>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
 namespace ftd::engine {
 
+// An owned file descriptor (closed on destruction).
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd();
+  Fd(Fd&& o) noexcept : fd_(o.release()) {}
+  Fd& operator=(Fd&& o) noexcept;
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  int release() {
+    const int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// Opens `path` read-only, only if it is a regular file. The open itself cannot block: it uses
+// O_NONBLOCK (a FIFO with no writer, or a device, would otherwise hang the open or the first
+// read), the type is checked with fstat on the opened descriptor (no window between a check and
+// the open), and O_NONBLOCK is cleared before the descriptor is returned. A FIFO, socket, device
+// or directory is refused: "<what>: <path> is a FIFO, not a regular file (give a regular file)".
+// `what` names the input (a spec field such as "spec.data.path"); empty leaves the prefix out.
+absl::StatusOr<Fd> OpenRegularFile(const std::string& path, std::string_view what);
+// Reads a whole regular file (OpenRegularFile's rule).
+absl::StatusOr<std::string> ReadRegularFile(const std::string& path, std::string_view what);
+
 // Writes `contents` to `path` (truncating) and fsyncs the file.
 absl::Status WriteFileSynced(const std::string& path, const std::string& contents);
+// Writes all of `n` bytes to `fd` (retrying short writes and EINTR); `path` names it in errors.
+absl::Status WriteAll(int fd, const void* data, size_t n, const std::string& path);
 // fsyncs a directory, so that renames and creations inside it are durable.
 absl::Status FsyncDir(const std::string& dir);
-// Reads a whole file.
-absl::StatusOr<std::string> ReadFile(const std::string& path);
+
+// An exclusive flock(2) on a directory, held until destruction. The kernel drops it when the
+// process dies, however it dies, so what a holder finds half-written under the directory was left
+// by a writer that is gone.
+class DirLock {
+ public:
+  // Blocks until the lock is free. Fails where the filesystem has no flock on directories.
+  static absl::StatusOr<DirLock> Acquire(const std::string& dir);
+
+ private:
+  explicit DirLock(Fd fd) : fd_(std::move(fd)) {}
+  Fd fd_;
+};
 
 }  // namespace ftd::engine

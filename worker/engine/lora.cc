@@ -240,17 +240,8 @@ std::string PeftAdapterConfigJson(const spec::LoraConfig& cfg, const std::string
 }
 
 absl::Status SavePeftAdapter(const std::string& dir, const std::vector<std::pair<std::string, torch::Tensor>>& named,
-                             const spec::LoraConfig& cfg, const std::string& base_model) {
-  std::vector<torch::Tensor> host;
-  std::vector<TensorToWrite> out;
-  host.reserve(named.size());
-  for (const auto& [name, t] : named) {
-    host.push_back(t.detach().to(torch::kCPU).contiguous());
-    auto d = SafetensorsDType(host.back().scalar_type());
-    if (!d.ok()) return d.status();
-    out.push_back({name, *d, host.back().sizes().vec(), host.back().data_ptr()});
-  }
-  if (auto s = WriteSafetensors((fs::path(dir) / "adapter_model.safetensors").string(), out, {{"format", "pt"}});
+                             const spec::LoraConfig& cfg, const std::string& base_model, ProgressMeter* progress) {
+  if (auto s = WriteTensors((fs::path(dir) / "adapter_model.safetensors").string(), named, {{"format", "pt"}}, progress);
       !s.ok()) {
     return s;
   }
@@ -260,7 +251,7 @@ absl::Status SavePeftAdapter(const std::string& dir, const std::vector<std::pair
 absl::Status LoadPeftAdapter(const std::string& dir, const std::vector<std::pair<std::string, torch::Tensor>>& named,
                              const spec::LoraConfig& cfg) {
   const std::string config_path = (fs::path(dir) / "adapter_config.json").string();
-  auto text = ReadFile(config_path);
+  auto text = ReadRegularFile(config_path, "");
   if (!text.ok()) {
     return absl::NotFoundError(absl::StrCat(config_path, " cannot be read (", text.status().message(),
                                             "): not a PEFT adapter directory"));
@@ -338,7 +329,7 @@ absl::Status LoadPeftAdapter(const std::string& dir, const std::vector<std::pair
 
 absl::StatusOr<spec::LoraConfig> LoraConfigFromPeft(const std::string& dir) {
   const std::string path = (fs::path(dir) / "adapter_config.json").string();
-  auto text = ReadFile(path);
+  auto text = ReadRegularFile(path, "");
   if (!text.ok()) return text.status();
   spec::LoraConfig c;
   c.enabled = true;

@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "worker/engine/progress.h"
 #include "worker/engine/spec_types.h"
 
 namespace ftd::engine {
@@ -56,9 +57,11 @@ LoraAdapter NewLoraAdapter(int64_t in, int64_t out, const spec::LoraConfig& cfg,
 // adapter_config.json in PEFT's LoraConfig format.
 std::string PeftAdapterConfigJson(const spec::LoraConfig& cfg, const std::string& base_model);
 
-// Writes dir/adapter_model.safetensors (the named adapters) and dir/adapter_config.json.
+// Writes dir/adapter_model.safetensors (the named adapters) and dir/adapter_config.json;
+// `progress`, when given, counts the adapters' bytes.
 absl::Status SavePeftAdapter(const std::string& dir, const std::vector<std::pair<std::string, torch::Tensor>>& named,
-                             const spec::LoraConfig& cfg, const std::string& base_model);
+                             const spec::LoraConfig& cfg, const std::string& base_model,
+                             ProgressMeter* progress = nullptr);
 // Reads a PEFT adapter directory into the named adapters (same names and shapes, dtype converted).
 // Its adapter_config.json must agree with `cfg` (rank, alpha, rslora, target modules); a tensor
 // missing, extra, or of another shape is refused naming it.

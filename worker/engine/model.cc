@@ -2,7 +2,6 @@
 
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <numbers>
 
@@ -30,6 +29,19 @@ torch::Tensor RopeInvFreq(const LlamaConfig& c) {
   auto smoothed = (1 - smooth) * llama / r.factor + smooth * llama;
   auto medium = torch::logical_not(wavelen < high_freq_wavelen) * torch::logical_not(wavelen > low_freq_wavelen);
   return torch::where(medium, smoothed, llama);
+}
+
+absl::StatusOr<LlamaConfig> ReadLlamaConfig(const std::string& path, std::string_view field) {
+  std::filesystem::path p(path);
+  std::error_code ec;
+  if (std::filesystem::is_directory(p, ec)) p /= "config.json";
+  auto text = ReadRegularFile(p.string(), field);
+  if (!text.ok()) return text.status();
+  auto c = ParseLlamaConfig(*text);
+  if (!c.ok()) {
+    return absl::Status(c.status().code(), absl::StrCat(std::string(field), ": ", p.string(), ": ", c.status().message()));
+  }
+  return c;
 }
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const LlamaConfig& c, torch::Device device,
@@ -85,16 +97,16 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const LlamaConfig
 
 void LlamaModel::Register(const std::string& name, torch::Tensor t) { params_.emplace_back(name, std::move(t)); }
 
-absl::Status LlamaModel::LoadWeights(const std::string& dir) {
+absl::Status LlamaModel::LoadWeights(const std::string& dir, ProgressMeter* progress) {
   auto set = SafetensorsSet::OpenDir(dir);
   if (!set.ok()) return set.status();
   torch::NoGradGuard no_grad;
+  std::vector<std::pair<torch::Tensor*, std::pair<const SafetensorsFile*, const TensorInfo*>>> todo;
   for (auto& [name, param] : params_) {
     auto found = set->Find(name);
     if (!found.ok()) return absl::NotFoundError(absl::StrCat(dir, ": ", found.status().message()));
     const auto& [file, info] = *found;
-    auto st = TorchDType(info->dtype);
-    if (!st.ok()) {
+    if (!TorchDType(info->dtype).ok()) {
       return absl::InvalidArgumentError(absl::StrCat(file->path(), ": tensor \"", name, "\" has dtype ",
                                                      DTypeName(info->dtype), "; weights must be F32, F16 or BF16"));
     }
@@ -103,19 +115,42 @@ absl::Status LlamaModel::LoadWeights(const std::string& dir) {
                                                      ShapeString(info->shape), ", the config needs ",
                                                      ShapeString(param.sizes().vec())));
     }
+    todo.push_back({&param, *found});
+  }
+  if (progress != nullptr) {
+    for (const auto& [param, found] : todo) progress->AddTotal(found.second->end - found.second->begin);
+  }
+  // Rows at a time, about 64 MiB of the file each: reading a mapped file is what takes the time,
+  // and progress is reported between pieces.
+  constexpr int64_t kPiece = 64 << 20;
+  for (const auto& [param, found] : todo) {
+    const auto& [file, info] = found;
     auto src = torch::from_blob(const_cast<std::byte*>(file->data(*info)), info->shape,
-                                torch::TensorOptions().dtype(*st));
-    param.copy_(src);
+                                torch::TensorOptions().dtype(*TorchDType(info->dtype)));
+    const int64_t bytes = static_cast<int64_t>(info->end - info->begin);
+    const int64_t rows = src.dim() == 0 ? 1 : src.size(0);
+    const int64_t step = src.dim() == 0 ? 1 : std::max<int64_t>(1, rows * kPiece / std::max<int64_t>(bytes, 1));
+    for (int64_t r = 0; r < rows; r += step) {
+      const int64_t n = std::min(step, rows - r);
+      if (src.dim() == 0) {
+        param->copy_(src);
+      } else {
+        param->narrow(0, r, n).copy_(src.narrow(0, r, n));
+      }
+      if (progress != nullptr) progress->Add(static_cast<uint64_t>(bytes / rows * n));
+    }
   }
   weights_dir_ = dir;
   return absl::OkStatus();
 }
 
-absl::Status LlamaModel::SaveWeights(const std::string& dir) const { return WriteWeights(dir, /*merged=*/false); }
+absl::Status LlamaModel::SaveWeights(const std::string& dir, ProgressMeter* progress) const {
+  return WriteWeights(dir, /*merged=*/false, progress);
+}
 
-absl::Status LlamaModel::SaveMerged(const std::string& dir) const {
+absl::Status LlamaModel::SaveMerged(const std::string& dir, ProgressMeter* progress) const {
   if (!lora_.enabled) return absl::FailedPreconditionError("SaveMerged needs LoRA adapters");
-  return WriteWeights(dir, /*merged=*/true);
+  return WriteWeights(dir, /*merged=*/true, progress);
 }
 
 const torch::Tensor& LlamaModel::Layer::Weight(spec::LoraTarget t) const {
@@ -158,13 +193,13 @@ absl::Status LlamaModel::EnableLora(const spec::LoraConfig& lora, uint64_t seed)
   return absl::OkStatus();
 }
 
-absl::Status LlamaModel::SaveAdapters(const std::string& dir) const {
-  return SavePeftAdapter(dir, adapters_, lora_, weights_dir_);
+absl::Status LlamaModel::SaveAdapters(const std::string& dir, ProgressMeter* progress) const {
+  return SavePeftAdapter(dir, adapters_, lora_, weights_dir_, progress);
 }
 
 absl::Status LlamaModel::LoadAdapters(const std::string& dir) { return LoadPeftAdapter(dir, adapters_, lora_); }
 
-absl::Status LlamaModel::WriteWeights(const std::string& dir, bool merged) const {
+absl::Status LlamaModel::WriteWeights(const std::string& dir, bool merged, ProgressMeter* progress) const {
   // With `merged`, each adapted projection is written as W + scale B A, one tensor at a time.
   std::map<const void*, const LoraAdapter*> adapter_of;  // a base weight's data -> its adapter
   if (merged) {
@@ -176,23 +211,16 @@ absl::Status LlamaModel::WriteWeights(const std::string& dir, bool merged) const
   }
   torch::NoGradGuard no_grad;
   const double scale = lora_.Scale();
-  std::vector<torch::Tensor> host;
-  std::vector<TensorToWrite> out;
-  host.reserve(params_.size());
-  for (const auto& [name, t] : params_) {
+  auto produce = [&](size_t i) {
+    const torch::Tensor& t = params_[i].second;
     auto it = adapter_of.find(t.data_ptr());
-    if (it == adapter_of.end()) {
-      host.push_back(t.detach().to(torch::kCPU).contiguous());
-    } else {
-      const LoraAdapter& ad = *it->second;
-      auto w = t.to(torch::kFloat) + scale * torch::mm(ad.b.to(torch::kFloat), ad.a.to(torch::kFloat));
-      host.push_back(w.to(t.scalar_type()).to(torch::kCPU).contiguous());
-    }
-    auto d = SafetensorsDType(host.back().scalar_type());
-    if (!d.ok()) return d.status();
-    out.push_back({name, *d, host.back().sizes().vec(), host.back().data_ptr()});
-  }
-  if (auto s = WriteSafetensors((std::filesystem::path(dir) / "model.safetensors").string(), out, {{"format", "pt"}});
+    if (it == adapter_of.end()) return t;
+    const LoraAdapter& ad = *it->second;
+    auto w = t.to(torch::kFloat) + scale * torch::mm(ad.b.to(torch::kFloat), ad.a.to(torch::kFloat));
+    return w.to(t.scalar_type());
+  };
+  if (auto s = WriteTensors((std::filesystem::path(dir) / "model.safetensors").string(), params_, {{"format", "pt"}},
+                            progress, produce);
       !s.ok()) {
     return s;
   }

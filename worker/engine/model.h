@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "worker/engine/lora.h"
+#include "worker/engine/progress.h"
 #include "worker/engine/spec_types.h"
 
 namespace ftd::engine {
@@ -28,10 +29,11 @@ class LlamaModel {
   torch::Device device() const { return device_; }
 
   // Reads HF safetensors (single file or sharded) into the parameters, converting dtype. Checks
-  // every name and shape; a missing tensor or a shape mismatch names the tensor.
-  absl::Status LoadWeights(const std::string& dir);
+  // every name and shape; a missing tensor or a shape mismatch names the tensor. `progress`, when
+  // given, has the bytes to read added to its total and counts them as they are copied.
+  absl::Status LoadWeights(const std::string& dir, ProgressMeter* progress = nullptr);
   // Writes dir/model.safetensors and dir/config.json in HF's layout (tied lm_head not stored).
-  absl::Status SaveWeights(const std::string& dir) const;
+  absl::Status SaveWeights(const std::string& dir, ProgressMeter* progress = nullptr) const;
 
   // The base weights under their HF names, in a fixed order (a tied lm_head is not listed).
   const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters() const { return params_; }
@@ -47,11 +49,11 @@ class LlamaModel {
   const spec::LoraConfig& lora_config() const { return lora_; }
   // LoRA: dir/adapter_model.safetensors + adapter_config.json in PEFT's format (its
   // base_model_name_or_path: the directory LoadWeights read, or null).
-  absl::Status SaveAdapters(const std::string& dir) const;
+  absl::Status SaveAdapters(const std::string& dir, ProgressMeter* progress = nullptr) const;
   absl::Status LoadAdapters(const std::string& dir);
   // LoRA: dir/model.safetensors + config.json with every adapter merged (W + scale B A, in fp32,
   // stored in the model's dtype): a model transformers loads on its own.
-  absl::Status SaveMerged(const std::string& dir) const;
+  absl::Status SaveMerged(const std::string& dir, ProgressMeter* progress = nullptr) const;
 
   // ids: [B, T] int64 -> logits [B, T, V] in the model's dtype.
   torch::Tensor Logits(const torch::Tensor& ids);
@@ -89,7 +91,7 @@ class LlamaModel {
   // one grouped autograd function (lora.h), the others plain.
   std::vector<torch::Tensor> ProjectShared(const torch::Tensor& x, const std::vector<torch::Tensor>& ws,
                                            const std::vector<const LoraAdapter*>& ads, bool train) const;
-  absl::Status WriteWeights(const std::string& dir, bool merged) const;
+  absl::Status WriteWeights(const std::string& dir, bool merged, ProgressMeter* progress) const;
 
   LlamaConfig config_;
   torch::Device device_;
@@ -106,6 +108,11 @@ class LlamaModel {
   std::vector<std::pair<std::string, torch::Tensor>> adapters_;  // PEFT names, layer by layer, A then B
   std::string weights_dir_;  // what LoadWeights read
 };
+
+// The architecture in `path` (an HF config.json, or a directory that holds one), read only if it is
+// a regular file (fs_util's OpenRegularFile); every error starts with `field`, the spec field that
+// named the path ("spec.model.config_path").
+absl::StatusOr<LlamaConfig> ReadLlamaConfig(const std::string& path, std::string_view field);
 
 // RoPE inverse frequencies, with llama3 scaling when configured (HF's _compute_llama3_parameters).
 torch::Tensor RopeInvFreq(const LlamaConfig& c);

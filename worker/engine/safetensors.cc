@@ -9,11 +9,10 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "worker/engine/fs_util.h"
 
 namespace ftd::engine {
 namespace {
@@ -24,20 +23,6 @@ constexpr uint64_t kMaxHeader = 100u << 20;  // the format's own limit on the JS
 
 absl::Status Corrupt(const std::string& path, absl::string_view what) {
   return absl::DataLossError(absl::StrCat(path, ": ", what));
-}
-
-absl::Status WriteAll(int fd, const void* data, size_t n, const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return absl::InternalError(absl::StrCat("write ", path, ": ", std::strerror(errno)));
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -88,20 +73,15 @@ int64_t TensorInfo::numel() const {
 }
 
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return absl::NotFoundError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+  auto fd = OpenRegularFile(path, "");
+  if (!fd.ok()) return fd.status();
   struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    ::close(fd);
-    return absl::InternalError(absl::StrCat("stat ", path, ": ", std::strerror(errno)));
-  }
+  if (::fstat(fd->get(), &st) != 0) return absl::InternalError(absl::StrCat("stat ", path, ": ", std::strerror(errno)));
   const auto size = static_cast<uint64_t>(st.st_size);
   if (size < 8) {
-    ::close(fd);
     return Corrupt(path, absl::StrCat("truncated: ", size, " bytes, shorter than the 8-byte header length"));
   }
-  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd->get(), 0);
   if (map == MAP_FAILED) return absl::InternalError(absl::StrCat("mmap ", path, ": ", std::strerror(errno)));
   std::unique_ptr<SafetensorsFile> f(new SafetensorsFile());
   f->path_ = path;
@@ -194,12 +174,11 @@ absl::StatusOr<SafetensorsSet> SafetensorsSet::OpenDir(const std::string& dir) {
   std::vector<std::string> files;
   std::error_code ec;
   if (fs::exists(index, ec)) {
-    std::ifstream in(index);
-    std::stringstream ss;
-    ss << in.rdbuf();
+    auto text = ReadRegularFile(index.string(), "");
+    if (!text.ok()) return text.status();
     json j;
     try {
-      j = json::parse(ss.str());
+      j = json::parse(*text);
     } catch (const json::exception& e) {
       return absl::DataLossError(absl::StrCat(index.string(), ": not valid JSON: ", e.what()));
     }
@@ -246,36 +225,52 @@ std::vector<std::string> SafetensorsSet::names() const {
   return out;
 }
 
+uint64_t TensorToWrite::bytes() const {
+  uint64_t n = DTypeSize(dtype);
+  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
 absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
-                              const std::map<std::string, std::string>& metadata) {
+                              const std::map<std::string, std::string>& metadata, ProgressMeter* progress,
+                              const TensorFetch& fetch) {
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
   for (const auto& t : tensors) {
-    int64_t numel = 1;
-    for (int64_t d : t.shape) numel *= d;
-    const uint64_t bytes = static_cast<uint64_t>(numel) * DTypeSize(t.dtype);
-    header[t.name] = {{"dtype", DTypeName(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
+    header[t.name] = {{"dtype", DTypeName(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes()}}};
+    offset += t.bytes();
   }
   std::string h = header.dump();
   h.append((8 - h.size() % 8) % 8, ' ');  // align the buffer to 8 bytes, as the reference writer does
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return absl::InternalError(absl::StrCat("create ", path, ": ", std::strerror(errno)));
+  Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (fd.get() < 0) return absl::InternalError(absl::StrCat("create ", path, ": ", std::strerror(errno)));
   uint8_t len[8];
-  uint64_t n = h.size();
+  const uint64_t n = h.size();
   for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(n >> (8 * i));
-  absl::Status s = WriteAll(fd, len, 8, path);
-  if (s.ok()) s = WriteAll(fd, h.data(), h.size(), path);
-  for (const auto& t : tensors) {
-    if (!s.ok()) break;
-    int64_t numel = 1;
-    for (int64_t d : t.shape) numel *= d;
-    s = WriteAll(fd, t.data, static_cast<size_t>(numel) * DTypeSize(t.dtype), path);
+  if (auto s = WriteAll(fd.get(), len, 8, path); !s.ok()) return s;
+  if (auto s = WriteAll(fd.get(), h.data(), h.size(), path); !s.ok()) return s;
+  constexpr uint64_t kPiece = 64u << 20;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorToWrite& t = tensors[i];
+    const void* data = t.data;
+    if (data == nullptr && t.bytes() > 0) {
+      if (!fetch) return absl::InvalidArgumentError(absl::StrCat(path, ": tensor \"", t.name, "\" has no data"));
+      auto fetched = fetch(i);
+      if (!fetched.ok()) return fetched.status();
+      data = *fetched;
+    }
+    const auto* p = static_cast<const char*>(data);
+    for (uint64_t done = 0, total = t.bytes(); done < total;) {
+      const uint64_t piece = std::min(kPiece, total - done);
+      if (auto s = WriteAll(fd.get(), p + done, piece, path); !s.ok()) return s;
+      done += piece;
+      if (progress != nullptr) progress->Add(piece);
+    }
   }
-  if (s.ok() && ::fsync(fd) != 0) s = absl::InternalError(absl::StrCat("fsync ", path, ": ", std::strerror(errno)));
-  if (::close(fd) != 0 && s.ok()) s = absl::InternalError(absl::StrCat("close ", path, ": ", std::strerror(errno)));
-  return s;
+  if (::fsync(fd.get()) != 0) return absl::InternalError(absl::StrCat("fsync ", path, ": ", std::strerror(errno)));
+  if (::close(fd.release()) != 0) return absl::InternalError(absl::StrCat("close ", path, ": ", std::strerror(errno)));
+  return absl::OkStatus();
 }
 
 }  // namespace ftd::engine

@@ -9,12 +9,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "worker/engine/progress.h"
 
 namespace ftd::engine {
 
@@ -74,11 +76,19 @@ struct TensorToWrite {
   std::string name;
   DType dtype;
   std::vector<int64_t> shape;
-  const void* data;  // numel × DTypeSize(dtype) bytes, contiguous
+  const void* data;  // numel × DTypeSize(dtype) bytes, contiguous; or null, see TensorFetch
+  uint64_t bytes() const;  // numel × DTypeSize(dtype)
 };
 
-// Writes a .safetensors file (tensors in the order given) and fsyncs it.
+// Returns the bytes of tensors[index] (one whose `data` is null) just before they are written;
+// they must stay valid until the next call or the end of the write. Lets a caller copy one tensor
+// at a time off a device instead of holding host copies of all of them.
+using TensorFetch = std::function<absl::StatusOr<const void*>(size_t index)>;
+
+// Writes a .safetensors file (tensors in the order given) and fsyncs it. `progress`, when given,
+// counts the data bytes as they are written (in pieces of at most 64 MiB).
 absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
-                              const std::map<std::string, std::string>& metadata = {});
+                              const std::map<std::string, std::string>& metadata = {},
+                              ProgressMeter* progress = nullptr, const TensorFetch& fetch = {});
 
 }  // namespace ftd::engine

@@ -10,6 +10,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "worker/engine/fs_util.h"
 
 namespace ftd::engine {
 
@@ -41,7 +42,8 @@ std::string DecodeArithmetic(const std::vector<int64_t>& ids) {
 }
 
 absl::StatusOr<std::unique_ptr<TokenData>> TokenData::Open(const DataConfig& cfg, int64_t seq_len,
-                                                           int64_t batch_size, int64_t vocab_size) {
+                                                           int64_t batch_size, int64_t vocab_size,
+                                                           const ProgressFn& progress) {
   std::unique_ptr<TokenData> d(new TokenData());
   d->cfg_ = cfg;
   d->seq_ = seq_len;
@@ -51,39 +53,43 @@ absl::StatusOr<std::unique_ptr<TokenData>> TokenData::Open(const DataConfig& cfg
     d->name_ = "the embedded arithmetic dataset";
     // Enough windows for every batch shape we ship, at least 1M tokens.
     const int64_t n = std::max<int64_t>(1 << 20, 64 * batch_size * (seq_len + 1));
+    ProgressMeter meter(progress, ProgressPhase::kLoadData, static_cast<uint64_t>(n) * 2);
     d->owned_ = GenerateArithmetic(cfg.seed, n);
     d->tokens_ = d->owned_.data();
     d->elem_size_ = 2;
     d->num_tokens_ = n;
+    meter.Finish();
   } else {
     d->name_ = cfg.path;
     d->elem_size_ = cfg.token_dtype == "uint32" ? 4 : 2;
-    int fd = ::open(cfg.path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      return absl::NotFoundError(absl::StrCat("spec.data.path: cannot open ", cfg.path, ": ", std::strerror(errno),
+    auto fd = OpenRegularFile(cfg.path, "spec.data.path");
+    if (!fd.ok()) {
+      if (!absl::IsNotFound(fd.status())) return fd.status();
+      return absl::NotFoundError(absl::StrCat(fd.status().message(),
                                               " (give an existing token file, or leave it unset for the embedded dataset)"));
     }
     struct stat st {};
-    ::fstat(fd, &st);
+    if (::fstat(fd->get(), &st) != 0) {
+      return absl::InternalError(absl::StrCat("spec.data.path: stat ", cfg.path, ": ", std::strerror(errno)));
+    }
     const auto size = static_cast<size_t>(st.st_size);
+    ProgressMeter meter(progress, ProgressPhase::kLoadData, size);
     if (size % static_cast<size_t>(d->elem_size_) != 0) {
-      ::close(fd);
       return absl::InvalidArgumentError(absl::StrCat("spec.data.path: ", cfg.path, " has ", size,
                                                      " bytes, not a multiple of ", d->elem_size_,
                                                      " (check spec.data.token_dtype)"));
     }
     if (size > 0) {
-      d->map_ = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+      d->map_ = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd->get(), 0);
       if (d->map_ == MAP_FAILED) {
         d->map_ = nullptr;
-        ::close(fd);
-        return absl::InternalError(absl::StrCat("mmap ", cfg.path, ": ", std::strerror(errno)));
+        return absl::InternalError(absl::StrCat("spec.data.path: mmap ", cfg.path, ": ", std::strerror(errno)));
       }
       d->map_size_ = size;
     }
-    ::close(fd);
     d->tokens_ = d->map_;
     d->num_tokens_ = static_cast<int64_t>(size) / d->elem_size_;
+    meter.Finish();
   }
   d->num_windows_ = d->num_tokens_ / (seq_len + 1);
   if (d->num_windows_ < batch_size) {

@@ -13,15 +13,18 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "worker/engine/progress.h"
 #include "worker/engine/spec_types.h"
 
 namespace ftd::engine {
 
 class TokenData {
  public:
-  // Maps a token file, or generates the embedded dataset when cfg.path is empty.
+  // Maps a token file, or generates the embedded dataset when cfg.path is empty. cfg.path must be
+  // a regular file (a FIFO or device is refused at open). Reports kLoadData progress.
   static absl::StatusOr<std::unique_ptr<TokenData>> Open(const DataConfig& cfg, int64_t seq_len,
-                                                         int64_t batch_size, int64_t vocab_size);
+                                                         int64_t batch_size, int64_t vocab_size,
+                                                         const ProgressFn& progress = {});
   ~TokenData();
   TokenData(const TokenData&) = delete;
   TokenData& operator=(const TokenData&) = delete;

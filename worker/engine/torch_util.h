@@ -3,13 +3,17 @@
 
 #include <torch/torch.h>
 
+#include <functional>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "worker/engine/fs_util.h"
+#include "worker/engine/progress.h"
 #include "worker/engine/safetensors.h"
 
 namespace ftd::engine {
@@ -38,6 +42,40 @@ inline absl::StatusOr<DType> SafetensorsDType(torch::ScalarType t) {
     case torch::kUInt8: return DType::kU8;
     default: return absl::InvalidArgumentError(absl::StrCat("tensor dtype ", c10::toString(t), " cannot be saved"));
   }
+}
+
+using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+
+// Bytes of the tensors' data.
+inline uint64_t TensorBytes(const NamedTensors& tensors) {
+  uint64_t n = 0;
+  for (const auto& [name, t] : tensors) n += t.nbytes();
+  return n;
+}
+
+// Writes named tensors, on any device, as one .safetensors file (in the order given), copying one
+// tensor at a time to the host. With `produce`, the bytes written for tensor i are those of
+// produce(i), made just before they are written (it must have tensors[i]'s dtype and shape): a
+// derived tensor (a merged weight) exists one at a time too.
+inline absl::Status WriteTensors(const std::string& path, const NamedTensors& tensors,
+                                 const std::map<std::string, std::string>& metadata, ProgressMeter* progress,
+                                 const std::function<torch::Tensor(size_t)>& produce = {}) {
+  std::vector<TensorToWrite> out;
+  out.reserve(tensors.size());
+  for (const auto& [name, t] : tensors) {
+    auto d = SafetensorsDType(t.scalar_type());
+    if (!d.ok()) return absl::InvalidArgumentError(absl::StrCat("\"", name, "\": ", d.status().message()));
+    out.push_back({name, *d, t.sizes().vec(), nullptr});
+  }
+  torch::Tensor host;  // the tensor being written
+  return WriteSafetensors(path, out, metadata, progress, [&](size_t i) -> absl::StatusOr<const void*> {
+    torch::Tensor t = produce ? produce(i) : tensors[i].second;
+    if (t.scalar_type() != tensors[i].second.scalar_type() || t.sizes() != tensors[i].second.sizes()) {
+      return absl::InternalError(absl::StrCat("\"", tensors[i].first, "\": the tensor to write changed dtype or shape"));
+    }
+    host = t.detach().to(torch::kCPU).contiguous();
+    return host.data_ptr();
+  });
 }
 
 inline std::string ShapeString(const std::vector<int64_t>& s) { return absl::StrCat("[", absl::StrJoin(s, ", "), "]"); }

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/record_function.h>
@@ -78,8 +79,8 @@ double PeakFlops(const torch::Device& d) {
 
 absl::StatusOr<LlamaConfig> ModelConfigFor(const TrainConfig& cfg, bool cuda) {
   if (!cfg.model.preset.empty()) return PresetLlamaConfig(cfg.model.preset);
-  if (!cfg.model.config_path.empty()) return LoadLlamaConfig(cfg.model.config_path);
-  if (!cfg.model.weights_path.empty()) return LoadLlamaConfig(cfg.model.weights_path);
+  if (!cfg.model.config_path.empty()) return ReadLlamaConfig(cfg.model.config_path, "spec.model.config_path");
+  if (!cfg.model.weights_path.empty()) return ReadLlamaConfig(cfg.model.weights_path, "spec.model.weights_path");
   return PresetLlamaConfig(cuda ? "llama-3.1-8b" : "tiny");
 }
 
@@ -126,19 +127,22 @@ RunSummary Run(const TrainConfig& cfg, const RunHooks& hooks) {
   LlamaModel& model = **model_or;
   model.SetKernels(kernels);
   if (!cfg.model.weights_path.empty()) {
-    if (auto s = model.LoadWeights(cfg.model.weights_path); !s.ok()) {
+    ProgressMeter meter(hooks.on_progress, ProgressPhase::kLoadWeights, 0);
+    if (auto s = model.LoadWeights(cfg.model.weights_path, &meter); !s.ok()) {
       return fail(Outcome::kInvalidSpec, absl::StrCat("spec.model.weights_path: ", s.message()));
     }
+    meter.Finish();
   }
   if (cfg.lora.enabled) {
     if (auto s = model.EnableLora(cfg.lora, cfg.seed); !s.ok()) return fail(Outcome::kInvalidSpec, std::string(s.message()));
   }
-  auto data_or = TokenData::Open(cfg.data, cfg.seq_len, cfg.batch_size, mc->vocab_size);
+  auto data_or = TokenData::Open(cfg.data, cfg.seq_len, cfg.batch_size, mc->vocab_size, hooks.on_progress);
   if (!data_or.ok()) return fail(Outcome::kInvalidSpec, std::string(data_or.status().message()));
   TokenData& data = **data_or;
   AdamW opt(model.trainable_parameters(), cfg.optimizer, cfg.fp32_master_weights, kernels[KernelOp::kAdamW]);
 
   TrainerState state;
+  int64_t saved_step = -1;  // the step of the checkpoint last written or resumed from
   state.batch_size = cfg.batch_size;
   state.seq_len = cfg.seq_len;
   state.shuffle = cfg.data.shuffle;
@@ -148,10 +152,11 @@ RunSummary Run(const TrainConfig& cfg, const RunHooks& hooks) {
     auto latest = LatestCheckpoint(cfg.checkpoint.dir);
     if (!latest.ok()) return fail(Outcome::kFailed, std::string(latest.status().message()));
     if (latest->has_value()) {
-      if (auto s = LoadCheckpoint(**latest, &state, &model, &opt); !s.ok()) {
+      if (auto s = LoadCheckpoint(**latest, &state, &model, &opt, hooks.on_progress); !s.ok()) {
         return fail(Outcome::kFailed, std::string(s.message()));
       }
       sum.last_checkpoint = **latest;
+      saved_step = state.step;
       log(absl::StrCat("resumed from ", **latest, " at step ", state.step));
     }
   }
@@ -177,9 +182,16 @@ RunSummary Run(const TrainConfig& cfg, const RunHooks& hooks) {
   auto checkpoint = [&]() -> absl::Status {
     if (cfg.checkpoint.dir.empty()) return absl::OkStatus();
     const bool merged = model.lora() && cfg.lora.merge && state.step == cfg.steps;
-    auto dir = SaveCheckpoint(cfg.checkpoint.dir, state, model, opt, cfg.checkpoint.keep_last, merged);
+    // Nothing to write where the state is that of the checkpoint just written or resumed from
+    // (unless that one lacks the merged model this one should hold).
+    if (state.step == saved_step && (!merged || std::filesystem::exists(sum.last_checkpoint + "/merged"))) {
+      return absl::OkStatus();
+    }
+    auto dir = SaveCheckpoint(cfg.checkpoint.dir, state, model, opt, cfg.checkpoint.keep_last, merged,
+                              hooks.on_progress);
     if (!dir.ok()) return dir.status();
     sum.last_checkpoint = *dir;
+    saved_step = state.step;
     log(absl::StrCat("checkpoint ", *dir));
     return absl::OkStatus();
   };

@@ -1,0 +1,240 @@
+"""Checkpoint robustness through the real ftd-worker: keep_last pruning, resuming at the final step,
+partial checkpoints that dead writers left, replacing a checkpoint of the same step, and SIGTERM at
+random moments. Each of these once removed a directory through a std::filesystem call that bound
+into LibTorch's copy of libstdc++ and crashed (docs/building.md).
+
+The device comes from FTD_TEST_DEVICE (default cpu); ctest runs this file a second time on CUDA
+as checkpoint_gpu_test (label gpu)."""
+import json
+import os
+import random
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from ftdtest import WORKER, make_hf_model, run_worker, write_tokens
+
+DEVICE = os.environ.get("FTD_TEST_DEVICE", "cpu")
+pytestmark = pytest.mark.skipif(DEVICE.startswith("cuda") and not torch.cuda.is_available(),
+                                reason="FTD_TEST_DEVICE is cuda but no CUDA device is visible")
+
+
+def tiny(ck, **kw):
+    spec = {"model": {"preset": "tiny"}, "batch_size": 4, "seq_len": 32, "device": DEVICE, "steps": 20,
+            "checkpoint": {"dir": str(ck), "every_steps": 5}}
+    spec["checkpoint"].update(kw.pop("checkpoint", {}))
+    spec.update(kw)
+    return spec
+
+
+def complete_checkpoints(root):
+    """Names of the directories under root whose manifest lists files of the sizes they have."""
+    out = []
+    for d in sorted(Path(root).iterdir()):
+        m = d / "MANIFEST.json"
+        if not d.is_dir() or d.is_symlink() or not m.exists():
+            continue
+        files = json.loads(m.read_text())["files"]
+        if all((d / f).exists() and (d / f).stat().st_size == size for f, size in files.items()):
+            out.append(d.name)
+    return out
+
+
+def contents(d):
+    return {p.name: p.read_bytes() for p in sorted(Path(d).iterdir())}
+
+
+@pytest.mark.parametrize("keep_last", [1, 2])
+def test_keep_last_prunes_older_checkpoints(tmp_path, keep_last):
+    ck = tmp_path / "ck"
+    code, steps, result, err = run_worker(tiny(ck, checkpoint={"keep_last": keep_last}), tmp_path, check=False)
+    assert code == 0, err
+    assert result["outcome"] == "SUCCEEDED" and [s["step"] for s in steps] == list(range(1, 21))
+    want = [f"step-{n:08d}" for n in (5, 10, 15, 20)][-keep_last:]
+    assert sorted(p.name for p in ck.iterdir()) == want
+    assert complete_checkpoints(ck) == want
+
+
+def test_running_a_finished_spec_again_resumes_at_the_final_step(tmp_path):
+    ck = tmp_path / "ck"
+    spec = tiny(ck, checkpoint={"keep_last": 1})
+    code, steps, first, err = run_worker(spec, tmp_path, check=False)
+    assert code == 0 and len(steps) == 20, err
+    final = ck / "step-00000020"
+    before = contents(final)
+    code, steps, again, err = run_worker(spec, tmp_path, check=False)
+    assert code == 0, err
+    assert again["outcome"] == "SUCCEEDED" and again["steps_done"] == 20 and steps == []
+    assert f"resumed from {final} at step 20" in err
+    assert again["last_checkpoint"] == str(final)
+    # Nothing to write: the checkpoint it resumed from is the state it ends in, kept as it was.
+    assert sorted(p.name for p in ck.iterdir()) == ["step-00000020"]
+    assert contents(final) == before
+
+
+def test_partial_checkpoints_left_by_dead_writers_are_removed(tmp_path):
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("not the writer's")
+    # What writers killed mid-write leave: a non-empty partial of a step this run will write, one of
+    # a later step, one a prune was removing; a link named like a partial checkpoint must go without
+    # its target. Names that are not partial checkpoints are left alone.
+    (ck / "step-00000005.tmp" / "deep" / "deeper").mkdir(parents=True)
+    (ck / "step-00000005.tmp" / "model.safetensors").write_bytes(os.urandom(4096))
+    (ck / "step-00000005.tmp" / "deep" / "deeper" / "x").write_text("x")
+    (ck / "step-00000099.tmp").mkdir()
+    (ck / "step-00000099.tmp" / "MANIFEST.json").write_text("{}")
+    (ck / "step-00000003.pruned.tmp").mkdir()
+    (ck / "step-00000007.tmp").symlink_to(outside, target_is_directory=True)
+    (ck / "notes.tmp").write_text("mine")
+    (ck / "step-notes").mkdir()
+    code, steps, result, err = run_worker(tiny(ck, steps=5), tmp_path, check=False)
+    assert code == 0 and result["outcome"] == "SUCCEEDED", err
+    assert sorted(p.name for p in ck.iterdir()) == ["notes.tmp", "step-00000005", "step-notes"]
+    assert complete_checkpoints(ck) == ["step-00000005"]
+    assert (outside / "keep.txt").read_text() == "not the writer's"
+
+
+def test_a_run_started_over_replaces_a_checkpoint_of_the_same_step(tmp_path):
+    """checkpoint.resume off: the new run's step-5 takes the old one's place in one rename."""
+    ck = tmp_path / "ck"
+    run_worker(tiny(ck, steps=5, seed=1), tmp_path)
+    old = load_file(str(ck / "step-00000005" / "model.safetensors"))
+    code, _, result, err = run_worker(tiny(ck, steps=5, seed=2, checkpoint={"resume": False}), tmp_path, check=False)
+    assert code == 0 and result["last_checkpoint"] == str(ck / "step-00000005"), err
+    new = load_file(str(ck / "step-00000005" / "model.safetensors"))
+    name = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(old[name], new[name])   # the second run's weights, not the first's
+    assert sorted(p.name for p in ck.iterdir()) == ["step-00000005"]
+    assert complete_checkpoints(ck) == ["step-00000005"]
+
+
+def test_sigterm_at_random_moments(tmp_path):
+    """20 runs of one job, each stopped by SIGTERM at a random moment: while loading or resuming, or
+    a random time after its k-th step, while it trains or writes one of its checkpoints (one every
+    step, pruned to 2). Each exits 5 with a CANCELLED result (or, signalled before its handler
+    exists, dies of SIGTERM having done nothing), resumes where the last one stopped, and leaves
+    only complete checkpoints."""
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    ck = tmp_path / "ck"
+    spec = tiny(ck, batch_size=2, seq_len=16, steps=100000, log_every=1,
+                checkpoint={"every_steps": 1, "keep_last": 2})
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    done = 0
+    for i in range(20):
+        p = subprocess.Popen([str(WORKER), "run", str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        seen = []
+        if rng.random() < 0.4:
+            delay = rng.uniform(0.0, 1.2)
+            when = f"{delay:.2f} s after start"
+            time.sleep(delay)
+        else:
+            k, delay = rng.randint(1, 4), rng.uniform(0.0, 0.2)
+            when = f"{delay:.3f} s after its step {k}"
+            for line in p.stdout:
+                seen.append(line)
+                if sum('"event":"step"' in l for l in seen) >= k:
+                    break
+            time.sleep(delay)
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=180)
+        out = "".join(seen) + out
+        where = f"run {i}, SIGTERM {when} (seed {seed}): exit {p.returncode}\n{err[-3000:]}"
+        lines = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+        results = [l for l in lines if l["event"] == "result"]
+        steps = [l["step"] for l in lines if l["event"] == "step"]
+        if p.returncode == -signal.SIGTERM:
+            assert not lines and "model:" not in err, where
+        else:
+            assert p.returncode == 5 and len(results) == 1, where
+            r = results[0]
+            assert r["outcome"] == "CANCELLED", where
+            assert steps == list(range(done + 1, r["steps_done"] + 1)), where
+            done = r["steps_done"]
+            assert r["last_checkpoint"] == str(ck / f"step-{done:08d}"), where
+        names = sorted(p.name for p in ck.iterdir()) if ck.exists() else []
+        assert names == (complete_checkpoints(ck) if names else []), where
+        assert len(names) <= 2 and not [n for n in names if n.endswith(".tmp")], where
+    assert done >= 10, f"the runs got to step {done} only (seed {seed})"
+
+
+def run_lines(spec, tmp):
+    """ftd-worker run SPEC: (exit code, every JSON line it printed, stderr)."""
+    path = Path(tmp) / "spec.json"
+    path.write_text(json.dumps(spec))
+    p = subprocess.run([str(WORKER), "run", str(path)], capture_output=True, text=True, timeout=600)
+    return p.returncode, [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")], p.stderr
+
+
+def data_bytes(*files):
+    """Bytes of tensor data in .safetensors files, from their headers."""
+    total = 0
+    for f in files:
+        with open(f, "rb") as fh:
+            header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
+        total += sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in header.items() if k != "__metadata__")
+    return total
+
+
+def phases(lines, phase):
+    """The progress lines of `phase`, split into runs of it (each from done 0 to done == total)."""
+    runs, cur = [], []
+    for l in lines:
+        if l["event"] != "progress" or l["phase"] != phase:
+            continue
+        if l["done_bytes"] == 0 and cur and cur[-1]["done_bytes"] == cur[-1]["total_bytes"]:
+            runs.append(cur)
+            cur = []
+        cur.append(l)
+    return runs + ([cur] if cur else [])
+
+
+def check_run(run, total):
+    assert run[0]["done_bytes"] == 0 and run[-1]["done_bytes"] == run[-1]["total_bytes"] == total
+    assert all(a["done_bytes"] <= b["done_bytes"] for a, b in zip(run, run[1:]))
+    assert all(l["done_bytes"] <= l["total_bytes"] for l in run)
+
+
+def test_progress_is_reported_while_loading_and_writing(tmp_path):
+    """The hook a watchdog reads: every load and write outside the steps reports its bytes, ending
+    with the bytes of tensor data the files hold."""
+    make_hf_model("gqa_llama3_untied", tmp_path / "m", seed=4)
+    tokens = np.random.default_rng(0).integers(0, 211, size=3000)
+    write_tokens(tmp_path / "tok.bin", tokens)
+    ck = tmp_path / "ck"
+    spec = {"model": {"weights_path": str(tmp_path / "m")}, "data": {"path": str(tmp_path / "tok.bin")},
+            "batch_size": 2, "seq_len": 16, "steps": 4, "device": DEVICE, "log_every": 1,
+            "checkpoint": {"dir": str(ck), "every_steps": 2}}
+    code, lines, err = run_lines(spec, tmp_path)
+    assert code == 0, err
+    [weights] = phases(lines, "load_weights")
+    check_run(weights, data_bytes(tmp_path / "m" / "model.safetensors"))
+    [data] = phases(lines, "load_data")
+    check_run(data, (tmp_path / "tok.bin").stat().st_size)
+    saves = phases(lines, "save_checkpoint")
+    assert len(saves) == 2
+    for run, step in zip(saves, (2, 4)):
+        d = ck / f"step-{step:08d}"
+        check_run(run, data_bytes(d / "model.safetensors", d / "optimizer.safetensors"))
+    # Each save is reported between the step it follows and the next one.
+    step_at = {l["step"]: i for i, l in enumerate(lines) if l["event"] == "step"}
+    saved_at = [i for i, l in enumerate(lines) if l["event"] == "progress" and l["phase"] == "save_checkpoint"
+                and l["done_bytes"] == l["total_bytes"]]
+    assert step_at[2] < saved_at[0] < step_at[3]
+    assert phases(lines, "load_checkpoint") == []
+
+    code, lines, err = run_lines(dict(spec, steps=6), tmp_path)
+    assert code == 0, err
+    [resume] = phases(lines, "load_checkpoint")
+    d = ck / "step-00000004"
+    check_run(resume, data_bytes(d / "model.safetensors", d / "optimizer.safetensors"))
