@@ -37,7 +37,7 @@ absl::StatusOr<LlamaConfig> ReadLlamaConfig(const std::string& path, std::string
   if (std::filesystem::is_directory(p, ec)) p /= "config.json";
   auto text = ReadRegularFile(p.string(), field);
   if (!text.ok()) return text.status();
-  auto c = ParseLlamaConfig(*text);
+  auto c = spec::ParseLlamaConfig(*text);
   if (!c.ok()) {
     return absl::Status(c.status().code(), absl::StrCat(std::string(field), ": ", p.string(), ": ", c.status().message()));
   }
