@@ -91,6 +91,7 @@ absl::Status JobManager::Recover() {
   auto queued = store_->JobsInStates({ftd::v1::QUEUED});
   if (!queued.ok()) return queued.status();
   for (const Job& j : *queued) {
+    std::lock_guard<std::mutex> view(view_mu_);
     if (!queue_.Put(j)) return absl::DataLossError(absl::StrCat("queued job has a malformed id \"", j.id(), "\""));
   }
   PublishGaugesLocked();
@@ -278,6 +279,7 @@ absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::Submit(const ftd::v1::Sub
     auto inserted = store_->Insert(job, clock_->UnixMs(), cfg_.max_queued);
     if (!inserted.ok()) return inserted.status();
     if (inserted->second) {
+      std::lock_guard<std::mutex> view(view_mu_);
       queue_.Put(inserted->first);
       ++counts_[ftd::v1::QUEUED];
       PublishGaugesLocked();
@@ -286,6 +288,7 @@ absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::Submit(const ftd::v1::Sub
     }
     *resp.mutable_job() = inserted->first;
     resp.set_created(inserted->second);
+    std::lock_guard<std::mutex> view(view_mu_);
     AnnotateLocked(resp.mutable_job());
   }
   if (resp.created()) Kick();
@@ -293,6 +296,7 @@ absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::Submit(const ftd::v1::Sub
 }
 
 // Fills in what only the running daemon knows: the queue position and why a queued job waits.
+// Needs view_mu_ only: a read does not wait for a commit another call holds mu_ across.
 void JobManager::AnnotateLocked(Job* job) const {
   job->set_queue_position(0);
   if (job->state() != ftd::v1::QUEUED) return;
@@ -313,7 +317,7 @@ void JobManager::AnnotateLocked(Job* job) const {
 absl::StatusOr<Job> JobManager::Get(const std::string& id) {
   auto job = store_->Get(id);
   if (!job.ok()) return job.status();
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<std::mutex> view(view_mu_);
   AnnotateLocked(&*job);
   return job;
 }
@@ -341,7 +345,7 @@ absl::StatusOr<ftd::v1::ListJobsResponse> JobManager::List(const ftd::v1::ListJo
   auto jobs = store_->List(f, &next);
   if (!jobs.ok()) return jobs.status();
   ftd::v1::ListJobsResponse resp;
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<std::mutex> view(view_mu_);
   for (auto& j : *jobs) {
     AnnotateLocked(&j);
     *resp.add_jobs() = std::move(j);
@@ -363,6 +367,7 @@ absl::StatusOr<Job> JobManager::Cancel(const std::string& id) {
       return absl::OkStatus();
     });
     if (!job.ok()) return job.status();
+    std::lock_guard<std::mutex> view(view_mu_);
     queue_.Remove(id);
     metrics_->JobFinished(ftd::v1::CANCELLED, Info(Reason::kCancelled).code, 0);
     return job;
@@ -455,7 +460,11 @@ absl::StatusOr<LaunchRequest> JobManager::StartLocked(const std::string& job_id,
     return absl::OkStatus();
   });
   if (!job.ok()) return job.status();
-  queue_.Remove(job_id);
+  {
+    std::lock_guard<std::mutex> view(view_mu_);
+    queue_.Remove(job_id);
+    slot_owner_[slot] = job_id;
+  }
   metrics_->QueueWait((now - std::max(job->created_unix_ms(), job->not_before_unix_ms())) / 1000.0);
   Attempt a;
   a.job_id = job_id;
@@ -469,7 +478,6 @@ absl::StatusOr<LaunchRequest> JobManager::StartLocked(const std::string& job_id,
   a.started_ms = now;
   a.last_seen_ms = clock_->SteadyMs();
   running_[job_id] = a;
-  slot_owner_[slot] = job_id;
   return LaunchRequest{job_id, a.attempt, a.token, slot};
 }
 
@@ -632,6 +640,7 @@ bool JobManager::FinishLocked(Attempt& a, const WorkerEnd& end) {
     return false;
   }
   if (retried) metrics_->Retry(info.code);
+  std::lock_guard<std::mutex> view(view_mu_);
   if (job->state() == ftd::v1::QUEUED) queue_.Put(*job);
   if (IsTerminal(job->state())) metrics_->JobFinished(job->state(), info.code, (now - a.started_ms) / 1000.0);
   metrics_->SlotIdle(a.slot);

@@ -7,7 +7,8 @@
 //   AppendStateEvents (job_events.h)   what a state change writes to the event log
 //   EventHub (event_hub.h)             wakes a job's watchers on new events
 //   Clock (clock.h)                    time, injected
-// Every change of a job's record happens under mu_, in one store transaction with its events.
+// Every change of a job's record happens under mu_, in one store transaction with its events;
+// reads (Get, List) take only view_mu_ for the queue positions.
 // Nothing polls: the scheduling thread runs Tick() when woken (submit, a worker's exit, a freed
 // slot) or at the next deadline it asked for (a retry's backoff, a heartbeat timeout). Tests inject
 // the launcher and the clock and call Tick() themselves.
@@ -142,8 +143,11 @@ class JobManager {
 
   mutable std::mutex mu_;
   std::condition_variable exits_cv_;          // an attempt was removed (Drain waits on it)
-  JobQueue queue_;
   std::map<std::string, Attempt> running_;    // by job id
+  // What Get and List read to annotate jobs: changed under mu_ and view_mu_ together, read under
+  // either, so a read never waits behind a commit that holds mu_.
+  mutable std::mutex view_mu_;
+  JobQueue queue_;
   std::map<std::string, std::string> slot_owner_;  // slot -> job id
   std::map<ftd::v1::JobState, int64_t> counts_;    // jobs in the store by state (the ftd_jobs gauge)
   bool draining_ = false;
