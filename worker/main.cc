@@ -19,6 +19,7 @@
 #include "worker/agent.h"
 #include "spec/profile_table.h"
 #include "spec/spec.h"
+#include "worker/data/tokenize_cli.h"
 #include "worker/reports.h"
 
 namespace {
@@ -192,7 +193,9 @@ int main(int argc, char** argv) {
   agent->add_option("--job", agent_opts.job_id, "job id")->required();
   agent->add_option("--attempt", agent_opts.attempt, "attempt number")->required();
   agent->add_option("--token", agent_opts.token, "attempt token")->required();
+  auto tokenize = ftd::data::AddTokenizeCommand(&app);
   CLI11_PARSE(app, argc, argv);
+  if (*tokenize->cmd) return ftd::data::RunTokenizeCommand(*tokenize);
   if (*agent) {
     std::signal(SIGINT, OnSignal);
     std::signal(SIGTERM, OnSignal);
