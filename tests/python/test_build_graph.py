@@ -42,6 +42,8 @@ FORBIDDEN = {
     "ftd_worker_reports": {SERVER, CLIENT, TORCH},
     "ftd-worker": {SERVER, CLIENT, TORCH},
     "ftd_kernels": {WORKER, SERVER, CLIENT, SPEC, TORCH},
+    "ftd_tokenizer": {SERVER, CLIENT, KERNELS, SPEC, TORCH, PROTO_GEN},
+    "ftd_tokenize_cli": {SERVER, CLIENT, KERNELS, SPEC, TORCH, PROTO_GEN},
 }
 OPTIONAL = {"ftd_kernels"}  # built only where nvcc is present
 
