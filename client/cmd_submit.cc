@@ -20,7 +20,7 @@ namespace {
 
 struct SubmitFlags {
   std::string spec_path, name, request_id, owner, kind = "finetune";
-  bool use_default = false, wait = false;
+  bool use_default = false, wait = false, max_attempts_given = false;
   std::vector<std::string> sets;
   int priority = 0, max_attempts = 0;
 };
@@ -62,7 +62,7 @@ int RunSubmit(const SubmitFlags& f, Context& ctx) {
   req.set_kind(f.kind == "profile" ? ftd::v1::PROFILE : ftd::v1::FINETUNE);
   req.set_name(f.name);
   req.set_priority(f.priority);
-  req.set_max_attempts(f.max_attempts);
+  if (f.max_attempts_given) req.set_max_attempts(f.max_attempts);  // unset: ftd's default
   req.set_owner(f.owner.empty() ? UserName() : f.owner);
   // Always idempotent: a submit retried after a lost answer cannot create a second job.
   req.set_request_id(f.request_id.empty() ? NewRequestId() : f.request_id);
@@ -89,7 +89,8 @@ Command AddSubmit(CLI::App& app) {
   c->add_option("--priority", f->priority, "higher runs first, in [-1000, 1000] (default 0)");
   c->add_option("--request-id", f->request_id, "idempotency key: a repeated submit returns the same job");
   c->add_option("--owner", f->owner, "owner (default: $USER)");
-  c->add_option("--max-attempts", f->max_attempts, "attempts for infrastructure failures (default: ftd's)");
+  c->add_option("--max-attempts", f->max_attempts, "attempts for infrastructure failures, 1..20 (default: ftd's)")
+      ->each([f](const std::string&) { f->max_attempts_given = true; });
   c->add_flag("--wait", f->wait, "wait for the job to end; exit 0 succeeded, 1 failed, 2 cancelled");
   return {c, [f](Context& ctx) { return RunSubmit(*f, ctx); }};
 }

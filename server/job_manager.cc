@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "server/job_events.h"
+#include "server/request_match.h"
 #include "server/scheduling_policy.h"
 #include "spec/spec.h"
 
@@ -241,9 +242,10 @@ absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::Submit(const ftd::v1::Sub
   if (req.priority() < -1000 || req.priority() > 1000) {
     return absl::InvalidArgumentError(absl::StrCat("priority must be in [-1000, 1000] (got ", req.priority(), ")"));
   }
-  if (req.max_attempts() < 0 || req.max_attempts() > 20) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_attempts must be in [1, 20], or 0 for the default (got ", req.max_attempts(), ")"));
+  if (req.has_max_attempts() && (req.max_attempts() < 1 || req.max_attempts() > 20)) {
+    return absl::InvalidArgumentError(absl::StrCat("max_attempts must be in [1, 20] (got ", req.max_attempts(),
+                                                   "); leave it unset for ftd's default (",
+                                                   cfg_.default_max_attempts, ")"));
   }
   auto config = ftd::spec::ToTrainConfig(req.spec());
   if (!config.ok()) return config.status();
@@ -269,7 +271,7 @@ absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::Submit(const ftd::v1::Sub
   job.set_priority(req.priority());
   job.set_state(ftd::v1::QUEUED);
   job.set_reason("WAITING_FOR_SLOT");
-  job.set_max_attempts(req.max_attempts() == 0 ? cfg_.default_max_attempts : req.max_attempts());
+  job.set_max_attempts(req.has_max_attempts() ? req.max_attempts() : cfg_.default_max_attempts);
   job.set_request_id(req.request_id());
   *job.mutable_spec() = req.spec();
   ftd::v1::SubmitJobResponse resp;
@@ -278,6 +280,9 @@ absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::Submit(const ftd::v1::Sub
     // The queue limit is checked in the insert's transaction.
     auto inserted = store_->Insert(job, clock_->UnixMs(), cfg_.max_queued);
     if (!inserted.ok()) return inserted.status();
+    if (!inserted->second) {
+      if (auto st = CheckSameRequest(inserted->first, job); !st.ok()) return st;
+    }
     if (inserted->second) {
       std::lock_guard<std::mutex> view(view_mu_);
       queue_.Put(inserted->first);
@@ -610,7 +615,7 @@ bool JobManager::FinishLocked(Attempt& a, const WorkerEnd& end) {
       retried = true;
     } else if (info.retry == Retry::kFree) {
       job.set_state(ftd::v1::QUEUED);
-      job.set_max_attempts(job.max_attempts() + 1);  // not the job's failure: the attempt does not count
+      job.set_attempt(job.attempt() - 1);  // not the job's failure: the attempt does not count
       job.set_message(v.message);
     } else {
       job.set_state(info.final_state);

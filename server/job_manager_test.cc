@@ -143,7 +143,7 @@ class JobManagerTest : public ::testing::Test {
     ftd::v1::SubmitJobRequest req;
     req.set_name(name);
     req.set_priority(priority);
-    req.set_max_attempts(max_attempts);
+    if (max_attempts != 0) req.set_max_attempts(max_attempts);  // 0: unset, the default
     auto* spec = req.mutable_spec();
     spec->mutable_model()->set_preset("tiny");
     spec->set_batch_size(4);
@@ -684,10 +684,73 @@ TEST_F(JobManagerTest, DrainRequeuesRunningJobsWithoutSpendingAnAttempt) {
   const Job j = LastState(id);
   EXPECT_EQ(j.state(), ftd::v1::QUEUED);
   EXPECT_EQ(j.reason(), "DAEMON_SHUTDOWN");
-  EXPECT_EQ(j.max_attempts(), 2);  // the drained attempt does not count
+  EXPECT_EQ(j.max_attempts(), 1);
+  EXPECT_EQ(j.attempt(), 0);  // the drained attempt does not count
   EXPECT_EQ(m.Submit(ftd::v1::SubmitJobRequest()).status().code(), absl::StatusCode::kUnavailable);
   m.Tick();
   EXPECT_EQ(launcher_->Launches(), 1u);  // a draining daemon starts nothing
+}
+
+TEST_F(JobManagerTest, AfterADrainAndARestartTheAttemptCountStaysTrue) {
+  auto& m = Make();
+  const std::string id = Submit("drained", 0, 3);
+  const LaunchRequest l = StartNext();
+  EXPECT_EQ(Get(id).message(), "attempt 1 of 3 on cpu");
+  std::thread drain([&] { m.Drain(std::chrono::steady_clock::now() + std::chrono::minutes(1)); });
+  {
+    std::unique_lock<std::mutex> lk(launcher_->mu);
+    launcher_->cv.wait(lk, [&] { return !launcher_->stops.empty(); });
+  }
+  launcher_->Exit(l, Exited(5));
+  drain.join();
+  Make();  // the next daemon on the same store
+  StartNext();
+  const Job j = Get(id);
+  EXPECT_EQ(j.state(), ftd::v1::RUNNING);
+  EXPECT_EQ(j.message(), "attempt 1 of 3 on cpu");
+  EXPECT_EQ(j.attempt(), 1);
+  EXPECT_EQ(j.max_attempts(), 3);
+}
+
+TEST_F(JobManagerTest, MaxAttemptsZeroIsRefusedNamingTheField) {
+  Make();
+  ftd::v1::SubmitJobRequest req;
+  req.mutable_spec()->mutable_model()->set_preset("tiny");
+  req.mutable_spec()->set_device("cpu");
+  req.set_max_attempts(0);
+  const auto r = manager_->Submit(req);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("max_attempts must be in [1, 20] (got 0)"), std::string::npos) << r.status();
+  req.clear_max_attempts();  // unset: the default
+  const auto ok = manager_->Submit(req);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->job().max_attempts(), 3);
+}
+
+TEST_F(JobManagerTest, ARequestIdReusedWithAnotherRequestIsRefusedAndARetryGetsTheSameJob) {
+  Make();
+  ftd::v1::SubmitJobRequest req;
+  req.set_name("first");
+  req.set_request_id("req-42");
+  req.mutable_spec()->mutable_model()->set_preset("tiny");
+  req.mutable_spec()->set_device("cpu");
+  req.mutable_spec()->set_steps(10);
+  const auto first = manager_->Submit(req);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_TRUE(first->created());
+  const auto again = manager_->Submit(req);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(again->created());
+  EXPECT_EQ(again->job().id(), first->job().id());
+
+  ftd::v1::SubmitJobRequest other = req;
+  other.mutable_spec()->set_steps(20);
+  other.set_name("second");
+  const auto clash = manager_->Submit(other);
+  EXPECT_EQ(clash.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_NE(clash.status().message().find(first->job().id()), std::string::npos) << clash.status();
+  EXPECT_NE(clash.status().message().find("differs in: name, spec.steps"), std::string::npos) << clash.status();
+  EXPECT_EQ(store_->CountInState(ftd::v1::QUEUED).value(), 1);
 }
 
 TEST_F(JobManagerTest, AWatchWakesOnANewEventAndEndsAfterTheResult) {
