@@ -3,7 +3,11 @@ against HF transformers eager, the LLaMA-3.1-8B shape, same token windows, same 
 run one after the other in the same invocation. Prints a markdown table and writes train_bench.json.
 
   python3 bench/train_bench.py --worker build-gpu/worker/ftd-worker --out DIR [--shapes 1x512,4x2048,8x2048]
-      [--impls eager,fused,hf] [--repeat N]
+      [--impls eager,fused,hf] [--repeat N] [--base-worker OTHER/ftd-worker]
+
+With --base-worker, an impl written `fused@base` (or `eager@base`) runs that kernel set on the other
+build (another commit's ftd-worker), so two versions of ftd are compared in one invocation on the
+same machine; --repeat alternates them to spread drift evenly.
 """
 import argparse
 import json
@@ -68,6 +72,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--impls", default="eager,fused,hf", help="ftd kernel sets (eager, fused) and/or hf")
     ap.add_argument("--repeat", type=int, default=1, help="alternate the implementations this many times")
+    ap.add_argument("--base-worker", help="another build's ftd-worker, for impls written KERNEL_SET@base")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -81,7 +86,13 @@ def main():
             if impl == "hf":
                 r = run_hf(tokens, b, t, args.steps)
             else:
-                r = run_ours(args.worker, tokens, b, t, args.steps, out, {"kernel_set": "eager" if impl == "ftd" else impl})
+                ks, _, build = impl.partition("@")
+                if build and not args.base_worker:
+                    sys.exit(f"train_bench: --impls names {impl}: give --base-worker")
+                r = run_ours(args.base_worker if build else args.worker, tokens, b, t, args.steps, out,
+                             {"kernel_set": "eager" if ks == "ftd" else ks})
+                if build:
+                    r["impl"] += "@" + build
             r.update(batch=b, seq=t, summary=summarize(r["steps"], args.warmup) if r["outcome"] == "SUCCEEDED" else None)
             rows.append(r)
             print(f"# {r['impl']} {b}x{t}: {r['outcome']} {r.get('message', '')[:300]}", flush=True)

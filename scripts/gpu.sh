@@ -4,7 +4,10 @@
 # prometheus-cpp, GoogleTest, CLI11, JSON) come unpacked from .devdeps/ when present
 # (scripts/fetch-gpu-deps.sh fills it on a development machine). Results go to $OUT (default gpu-out/).
 #   scripts/gpu.sh [STAGE...]    stages, run in the order given: build test kbench e2e lora service profile
-#                                default (none given: build test kbench e2e lora service profile)
+#                                ab default (none given: build test kbench e2e lora service profile)
+#   ab: this tree's ftd-worker against another version's, the 8B fused step in one invocation
+#       (BASE_SRC: that version's source tree, e.g. `git archive REV | tar x -C base-src`;
+#       AB_ARGS: bench/train_bench.py flags, default --shapes 4x2048 --repeat 3).
 # Environment: BENCH_ARGS (bench/train_bench.py flags), LORA_ARGS (bench/lora_bench.py flags),
 # KBENCH_ARGS (ftd-kernel-bench flags),
 # CUDA_ARCHS (default "90;100;103": the H100/H200 and the B200/GB300 in one binary).
@@ -75,10 +78,23 @@ for stage in "${stages[@]}"; do
     profile)
       stamp "profiles"
       python3 bench/profile_bench.py --build "$build" --out "$out" ${PROFILE_ARGS:-} 2>&1 | tee "$out/profile_bench.log" ;;
+    ab)
+      stamp "this build against ${BASE_SRC:-base-src}"
+      base_build=$root/build-base
+      cmake -S "${BASE_SRC:-base-src}" -B "$base_build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+        -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90;100;103}" -DFTD_BUILD_BENCH=OFF \
+        -DCMAKE_PREFIX_PATH="$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')" \
+        -DPython3_EXECUTABLE="$(command -v python3)" > "$out/configure-base.log" 2>&1 \
+        && cmake --build "$base_build" -j"$(nproc)" --target ftd-worker > "$out/build-base.log" 2>&1 \
+        || { tail -30 "$out/configure-base.log" "$out/build-base.log"; exit 1; }
+      stamp "base built"
+      python3 bench/train_bench.py --worker "$build/worker/ftd-worker" --base-worker "$base_build/worker/ftd-worker" \
+        --out "$out/ab" --impls fused,fused@base ${AB_ARGS:---shapes 4x2048 --repeat 3} 2>&1 \
+        | tee "$out/ab_bench.log" | grep -v "^{" ;;
     default)
       "$build/worker/ftd-worker" run --default --format text --set steps=${DEFAULT_STEPS:-10} 2>&1 \
         | tee "$out/default-job.log" | tail -4 ;;
-    *) echo "gpu.sh: unknown stage $stage (build test kbench e2e lora service profile default)"; exit 2 ;;
+    *) echo "gpu.sh: unknown stage $stage (build test kbench e2e lora service profile ab default)"; exit 2 ;;
   esac
 done
 stamp "done (rc $rc)"
