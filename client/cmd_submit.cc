@@ -1,17 +1,18 @@
-// ftctl submit [SPEC.json | --default] [--set field=value]... [--name N] [--priority P] [--wait]
+// ftctl submit [SPEC.json|SPEC.yaml|- | --default] [--set field=value]... [--name N] [--priority P] [--wait]
 #include <pwd.h>
 #include <unistd.h>
 
 #include <cstdlib>
-#include <fstream>
+#include <filesystem>
 #include <iostream>
 #include <random>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/commands.h"
 #include "client/follow.h"
+#include "client/spec_input.h"
+#include "spec/paths.h"
 #include "spec/spec.h"
 
 namespace ftd::client {
@@ -36,29 +37,24 @@ std::string NewRequestId() {
   return absl::StrFormat("ftctl-%08x%08x%08x", rd(), rd(), rd());
 }
 
-absl::StatusOr<ftd::v1::TrainSpec> ReadSpec(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat("cannot read spec file ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  auto spec = ftd::spec::ParseTrainSpecJson(ss.str());
-  if (!spec.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", spec.status().message()));
-  return spec;
-}
-
 int RunSubmit(const SubmitFlags& f, Context& ctx) {
   if (f.spec_path.empty() == !f.use_default) return Usage("submit takes a spec file or --default (one of them)");
   ftd::v1::SubmitJobRequest req;
   if (f.use_default) {
     *req.mutable_spec() = ftd::spec::DefaultTrainSpec(/*gpu=*/false);
   } else {
-    auto spec = ReadSpec(f.spec_path);
+    auto spec = ReadSpec(f.spec_path, std::cin);
     if (!spec.ok()) return Usage(std::string(spec.status().message()));
     *req.mutable_spec() = *spec;
   }
   for (const auto& kv : f.sets) {
     if (auto st = ftd::spec::ApplySetOverride(kv, req.mutable_spec()); !st.ok()) return Usage(std::string(st.message()));
   }
+  // Relative paths mean the caller's directory, not the daemon's.
+  std::error_code ec;
+  const auto cwd = std::filesystem::current_path(ec);
+  if (ec) return Usage(absl::StrCat("cannot resolve the spec's relative paths: no current directory (", ec.message(), ")"));
+  if (auto st = ftd::spec::ResolveSpecPaths(cwd.string(), req.mutable_spec()); !st.ok()) return Fail(st);
   req.set_kind(f.kind == "profile" ? ftd::v1::PROFILE : ftd::v1::FINETUNE);
   req.set_name(f.name);
   req.set_priority(f.priority);
@@ -81,7 +77,7 @@ int RunSubmit(const SubmitFlags& f, Context& ctx) {
 Command AddSubmit(CLI::App& app) {
   auto f = std::make_shared<SubmitFlags>();
   auto* c = app.add_subcommand("submit", "Submit a job; prints its id");
-  c->add_option("spec", f->spec_path, "TrainSpec JSON file (docs/job-spec.md)");
+  c->add_option("spec", f->spec_path, "TrainSpec file, JSON or YAML, or - for stdin (docs/job-spec.md)");
   c->add_flag("--default", f->use_default, "the embedded default job (tiny LLaMA on the arithmetic dataset)");
   c->add_option("--set", f->sets, "override a spec field: --set steps=20 --set optimizer.lr=1e-4");
   c->add_option("--name", f->name, "a name for the job");

@@ -2,12 +2,45 @@
 
 #include <google/protobuf/util/json_util.h>
 
+#include <algorithm>
+#include <cctype>
+
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 
 namespace ftd::spec {
 
+namespace {
+
+// A JSON syntax error as "line L, column C: what" (protobuf's parser names neither); OK for valid JSON.
+absl::Status CheckJsonSyntax(const std::string& json) {
+  try {
+    const nlohmann::json parsed = nlohmann::json::parse(json);
+    (void)parsed;
+  } catch (const nlohmann::json::parse_error& e) {
+    // nlohmann points after the last character it read; step back to the start of that token.
+    size_t at = std::min(json.size(), e.byte == 0 ? size_t{0} : e.byte - 1);
+    if (at < json.size() && json[at] == '"' && at > 0) {
+      do --at; while (at > 0 && !(json[at] == '"' && json[at - 1] != '\\'));
+    } else {
+      auto word = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '+' || c == '-'; };
+      while (at > 0 && at < json.size() && word(json[at]) && word(json[at - 1])) --at;
+    }
+    const size_t line = 1 + static_cast<size_t>(std::count(json.begin(), json.begin() + static_cast<long>(at), '\n'));
+    const size_t nl = at == 0 ? std::string::npos : json.rfind('\n', at - 1);
+    const size_t column = nl == std::string::npos ? at + 1 : at - nl;
+    std::string what = e.what();
+    // nlohmann's text: "[json.exception.parse_error.101] parse error at line 1, column 5: syntax error ..."
+    if (const auto p = what.find("syntax error"); p != std::string::npos) what = what.substr(p);
+    return absl::InvalidArgumentError(absl::StrCat("spec is not valid JSON: line ", line, ", column ", column, ": ", what));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<ftd::v1::TrainSpec> ParseTrainSpecJson(const std::string& json) {
+  if (auto st = CheckJsonSyntax(json); !st.ok()) return st;
   ftd::v1::TrainSpec spec;
   google::protobuf::util::JsonParseOptions opts;
   opts.ignore_unknown_fields = false;

@@ -33,6 +33,16 @@ TEST(Spec, UnknownFieldsAndBadTypesAreErrorsNamingThem) {
   EXPECT_NE(b.status().message().find("steps"), absl::string_view::npos) << b.status();
 }
 
+TEST(Spec, ASyntaxErrorNamesItsLineAndColumn) {
+  auto a = ParseTrainSpecJson("{\n  \"steps\": 7,\n  \"seq_len\": 32,\n}\n");  // trailing comma
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(a.status().message().find("line 4, column 1"), absl::string_view::npos) << a.status();
+  auto b = ParseTrainSpecJson("{\"steps\": 7 \"seq_len\": 3}");  // missing comma
+  EXPECT_NE(b.status().message().find("line 1, column 13"), absl::string_view::npos) << b.status();
+  auto c = ParseTrainSpecJson("");
+  EXPECT_NE(c.status().message().find("line 1, column 1"), absl::string_view::npos) << c.status();
+}
+
 TEST(Spec, ExplicitlySetInvalidValuesAreRejected) {
   auto spec = ParseTrainSpecJson(R"({"seq_len": 0})");
   ASSERT_TRUE(spec.ok());

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from ftdservice import FTCTL, FTD, TINY, Daemon, free_port, ftctl, stop_process, submit, wait_for
+from ftdservice import FTCTL, FTD, TINY, Daemon, free_port, ftctl, get, stop_process, submit, wait_for
 
 
 class DaemonAt(Daemon):
@@ -183,4 +183,63 @@ def test_watch_gives_up_after_timeout_once_ftd_is_gone(tmp_path):
     finally:
         if watch.poll() is None:
             watch.kill()
+        d.stop()
+
+
+def _ftctl_in(cwd, daemon, *args, input=None):
+    return subprocess.run([str(FTCTL), "--addr", daemon.addr, *args], capture_output=True, text=True, timeout=60,
+                          cwd=cwd, input=input)
+
+
+def test_spec_from_stdin_and_yaml(tmp_path):
+    d = Daemon(tmp_path, "--paused")
+    try:
+        p = _ftctl_in(tmp_path, d, "submit", "-", input=json.dumps(dict(TINY, steps=3)))
+        assert p.returncode == 0, p.stderr
+        assert get(d, p.stdout.strip())["spec"]["steps"] == "3"
+        yaml_text = "model: {preset: tiny}\nbatch_size: 4\nseq_len: 32\ndevice: cpu\nsteps: 4\noptimizer:\n  lr: 1e-4\n"
+        p = _ftctl_in(tmp_path, d, "submit", "-", input=yaml_text)  # YAML on stdin
+        assert p.returncode == 0, p.stderr
+        job = get(d, p.stdout.strip())
+        assert job["spec"]["steps"] == "4" and job["spec"]["optimizer"]["lr"] == 1e-4, job["spec"]
+        (tmp_path / "job.yml").write_text(yaml_text.replace("steps: 4", "steps: 5"))
+        p = _ftctl_in(tmp_path, d, "submit", "job.yml")
+        assert p.returncode == 0, p.stderr
+        assert get(d, p.stdout.strip())["spec"]["steps"] == "5"
+    finally:
+        d.stop()
+
+
+def test_spec_syntax_errors_name_line_and_column(tmp_path):
+    (tmp_path / "job.json").write_text('{\n  "steps": 3,\n  "seq_len": 32,\n}\n')
+    (tmp_path / "job.yaml").write_text("steps: 3\nmodel: {preset: tiny\n")
+    # Usage errors come before any connection: no daemon is needed.
+    env = dict(os.environ, FTD_ADDR=f"127.0.0.1:{free_port()}")
+    p = subprocess.run([str(FTCTL), "submit", "job.json"], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert p.returncode == 64 and "job.json: spec is not valid JSON: line 4, column 1" in p.stderr, p.stderr
+    p = subprocess.run([str(FTCTL), "submit", "job.yaml"], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert p.returncode == 64 and "job.yaml: spec is not valid YAML: line 3" in p.stderr, p.stderr
+
+
+def test_relative_paths_are_resolved_against_the_callers_directory(tmp_path):
+    d = Daemon(tmp_path, "--paused")
+    work = tmp_path / "work"
+    (work / "sub").mkdir(parents=True)
+    spec = dict(TINY, data={"path": "train.bin"}, checkpoint={"dir": "../ck"},
+                model={"weights_path": "/abs/weights", "config_path": "sub/config.json"},
+                lora={"adapter_path": "adapters/a"})
+    (work / "sub" / "job.json").write_text(json.dumps(spec))
+    for f in ("train.bin", "data/x.bin", "sub/config.json"):  # inputs that exist, seen from the caller
+        (work / f).parent.mkdir(parents=True, exist_ok=True)
+        (work / f).write_bytes(b"")
+    (work / "adapters" / "a").mkdir(parents=True)
+    try:
+        p = _ftctl_in(work, d, "submit", "sub/job.json", "--set", "data.path=data/x.bin")
+        assert p.returncode == 0, p.stderr
+        s = get(d, p.stdout.strip())["spec"]
+        assert s["data"]["path"] == str(work / "data" / "x.bin")  # --set paths too
+        assert s["checkpoint"]["dir"] == str(tmp_path / "ck")
+        assert s["model"] == {"weights_path": "/abs/weights", "config_path": str(work / "sub" / "config.json")}
+        assert s["lora"]["adapter_path"] == str(work / "adapters" / "a")
+    finally:
         d.stop()

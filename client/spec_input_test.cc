@@ -1,0 +1,78 @@
+#include "client/spec_input.h"
+
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+namespace ftd::client {
+namespace {
+
+TEST(SpecInput, FormatFromTheNameElseFromTheText) {
+  EXPECT_EQ(DetectSpecFormat("job.yaml", "{}"), SpecFormat::kYaml);
+  EXPECT_EQ(DetectSpecFormat("JOB.YML", ""), SpecFormat::kYaml);
+  EXPECT_EQ(DetectSpecFormat("job.json", "steps: 1"), SpecFormat::kJson);
+  EXPECT_EQ(DetectSpecFormat("stdin", "\n  {\"steps\": 1}"), SpecFormat::kJson);
+  EXPECT_EQ(DetectSpecFormat("stdin", "steps: 1\n"), SpecFormat::kYaml);
+}
+
+TEST(SpecInput, YamlMapsToTheSameSpecAsJson) {
+  const std::string yaml = R"(# a comment
+model: {preset: tiny}
+data:
+  path: train.bin
+  shuffle: true
+  seed: 18446744073709551615
+optimizer:
+  lr: 1e-4
+steps: 20
+device: "cpu"
+lora:
+  target_modules: [q, v]
+kernels: {rmsnorm: eager}
+)";
+  auto y = ParseSpecText("job.yaml", yaml);
+  ASSERT_TRUE(y.ok()) << y.status();
+  auto j = ParseSpecText("job.json", R"({"model": {"preset": "tiny"}, "data": {"path": "train.bin", "shuffle": true,
+      "seed": 18446744073709551615}, "optimizer": {"lr": 1e-4}, "steps": 20, "device": "cpu",
+      "lora": {"target_modules": ["q", "v"]}, "kernels": {"rmsnorm": "eager"}})");
+  ASSERT_TRUE(j.ok()) << j.status();
+  EXPECT_EQ(y->SerializeAsString(), j->SerializeAsString());
+  EXPECT_EQ(y->optimizer().lr(), 1e-4);
+  EXPECT_EQ(y->data().seed(), 18446744073709551615ull);
+}
+
+TEST(SpecInput, AQuotedYamlScalarStaysAString) {
+  auto y = ParseSpecText("job.yaml", "model: {preset: \"123\"}\n");
+  ASSERT_TRUE(y.ok()) << y.status();
+  EXPECT_EQ(y->model().preset(), "123");
+  auto bad = ParseSpecText("job.yaml", "steps: \"true\"\n");  // a string where a number belongs
+  EXPECT_FALSE(bad.ok());
+}
+
+TEST(SpecInput, ErrorsNameTheSourceAndWhere) {
+  auto syntax = ParseSpecText("job.yaml", "steps: 2\nmodel: [tiny\n");
+  ASSERT_FALSE(syntax.ok());
+  EXPECT_NE(syntax.status().message().find("job.yaml: spec is not valid YAML: line "), absl::string_view::npos)
+      << syntax.status();
+  auto json = ParseSpecText("job.json", "{\n  \"steps\": 2\n  \"seq_len\": 8\n}");
+  EXPECT_NE(json.status().message().find("job.json: spec is not valid JSON: line 3, column 3"), absl::string_view::npos)
+      << json.status();
+  auto unknown = ParseSpecText("job.yaml", "stepz: 2\n");
+  EXPECT_NE(unknown.status().message().find("stepz"), absl::string_view::npos) << unknown.status();
+  auto list = ParseSpecText("stdin", "- steps\n");
+  EXPECT_NE(list.status().message().find("mapping"), absl::string_view::npos) << list.status();
+  auto empty = ParseSpecText("stdin", "  \n");
+  EXPECT_NE(empty.status().message().find("empty"), absl::string_view::npos) << empty.status();
+}
+
+TEST(SpecInput, DashReadsTheStream) {
+  std::istringstream in("steps: 3\n");
+  auto s = ReadSpec("-", in);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->steps(), 3);
+  std::istringstream none;
+  EXPECT_FALSE(ReadSpec("/nonexistent/job.json", none).ok());
+}
+
+}  // namespace
+}  // namespace ftd::client
