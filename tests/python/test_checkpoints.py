@@ -78,6 +78,25 @@ def test_running_a_finished_spec_again_resumes_at_the_final_step(tmp_path):
     assert contents(final) == before
 
 
+def test_resume_takes_the_newest_complete_checkpoint(tmp_path):
+    """With several complete checkpoints (and a partial one of a later step), a run resumes from the
+    newest complete one."""
+    ck = tmp_path / "ck"
+    spec = tiny(ck, steps=12, checkpoint={"every_steps": 3, "keep_last": 0})
+    code, steps, result, err = run_worker(spec, tmp_path, check=False)
+    assert code == 0, err
+    assert complete_checkpoints(ck) == [f"step-{n:08d}" for n in (3, 6, 9, 12)]
+    for name in ("step-00000012", "step-00000003"):  # the newest and the oldest gone: 6 and 9 are left
+        for f in (ck / name).iterdir():
+            f.unlink()
+        (ck / name).rmdir()
+    (ck / "step-00000011.tmp").mkdir()  # a dead writer's partial checkpoint is no candidate
+    code, steps, result, err = run_worker(spec, tmp_path, check=False)
+    assert code == 0, err
+    assert f"resumed from {ck / 'step-00000009'} at step 9" in err, err
+    assert [s["step"] for s in steps] == [10, 11, 12]
+
+
 def test_partial_checkpoints_left_by_dead_writers_are_removed(tmp_path):
     ck = tmp_path / "ck"
     ck.mkdir()

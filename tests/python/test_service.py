@@ -43,7 +43,7 @@ def test_job_succeeds_streams_metrics_and_exports_them(daemon):
     assert m[("ftd_job_submissions_total", (("kind", "finetune"),))] == 1
     assert m[("ftd_worker_loss", (("kernel_set", "eager"), ("slot", "cpu")))] > 0
     assert m[("ftd_job_queue_wait_seconds_count", ())] == 1
-    wait_for(lambda: daemon.metrics()[("ftd_jobs", (("state", "succeeded"),))] == 1, 5, "the jobs gauge")
+    wait_for(lambda: daemon.metrics()[("ftd_jobs", (("state", "succeeded"),))] == 1, 30, "the jobs gauge")
     lst = ftctl(daemon, "list", "-o", "json")
     assert [x["id"] for x in json.loads(lst.stdout)] == [job]
 
@@ -187,28 +187,35 @@ def test_worker_killed_by_signal_is_classified_within_2s(tmp_path, sig, needle):
         d.stop()
 
 
-def test_the_higher_priority_job_starts_first(tmp_path):
-    """With the only slot busy, a priority-0 job is submitted, then a priority-5 one. When the slot
-    frees, the priority-5 job is the one that starts, and the priority-0 one only after it ended:
-    read from the daemon's own started/finished times, not from polling."""
+def test_jobs_start_by_priority_then_submission_order(tmp_path):
+    """With the only slot busy, jobs of mixed priorities queue up. When the slot frees they start one
+    at a time, by priority and then in submission order, and each only after the one before it
+    ended: read from the daemon's own started/finished times and RUNNING events, not from polling
+    (queue_position alone passed a daemon that started the jobs in reverse)."""
     quick = {"steps": 2, "step_interval_ms": 20, "result": "SUCCEEDED"}
-    d = Daemon(tmp_path, scripts={"blocker": {"wait_for_stop": True}, "low": quick, "high": quick})
+    d = Daemon(tmp_path, scripts={"blocker": {"wait_for_stop": True}, "*": quick})
     try:
         blocker = submit(d, dict(TINY, steps=1), "--name", "blocker")
         wait_for(lambda: get(d, blocker)["state"] == "RUNNING", 60, "the blocker to run")
-        low = submit(d, dict(TINY, steps=1), "--priority", "0", "--name", "low")
-        high = submit(d, dict(TINY, steps=1), "--priority", "5", "--name", "high")
-        assert int(get(d, high)["queue_position"]) == 1 and int(get(d, low)["queue_position"]) == 2
+        jobs = {}
+        for name, prio in [("a", 0), ("b", 5), ("c", 0), ("d", 5), ("e", -3), ("f", 5), ("g", 0)]:
+            jobs[name] = submit(d, dict(TINY, steps=1), "--priority", str(prio), "--name", name)
+        expected = ["b", "d", "f", "a", "c", "g", "e"]
+        assert [int(get(d, jobs[n])["queue_position"]) for n in expected] == list(range(1, 8))
         assert ftctl(d, "cancel", blocker).returncode == 0
-        for job in (low, high):
+        for job in jobs.values():
             assert ftctl(d, "wait", job, timeout=120).returncode == 0
-        lo, hi = get(d, low), get(d, high)
-        assert int(hi["started_unix_ms"]) < int(lo["started_unix_ms"]), (hi, lo)
-        assert int(hi["finished_unix_ms"]) <= int(lo["started_unix_ms"]), (hi, lo)
-        running = {j: [ms for ms, s in state_events(d, j) if s["state"] == "RUNNING"] for j in (low, high)}
-        assert len(running[low]) == 1 and len(running[high]) == 1, running
-        assert running[high][0] < running[low][0]
-        assert int(get(d, blocker)["finished_unix_ms"]) <= running[high][0]
+        rec = {n: get(d, j) for n, j in jobs.items()}
+        started = sorted(jobs, key=lambda n: int(rec[n]["started_unix_ms"]))
+        assert started == expected, {n: (rec[n]["priority"], rec[n]["started_unix_ms"]) for n in started}
+        # one at a time: each started after the one before it had finished (each runs >= 40 ms)
+        prev_finished = int(get(d, blocker)["finished_unix_ms"])
+        for n in expected:
+            running = [ms for ms, s in state_events(d, jobs[n]) if s["state"] == "RUNNING"]
+            assert len(running) == 1 and int(rec[n]["attempt"]) == 1, (n, running)
+            assert prev_finished <= min(running[0], int(rec[n]["started_unix_ms"])), (n, prev_finished, running)
+            assert int(rec[n]["started_unix_ms"]) < int(rec[n]["finished_unix_ms"]), rec[n]
+            prev_finished = int(rec[n]["finished_unix_ms"])
     finally:
         d.stop()
 
@@ -231,13 +238,15 @@ def test_simulated_out_of_memory_is_not_retried(tmp_path):
     d = _faulty_daemon(tmp_path)
     try:
         job = submit(d, dict(TINY, steps=3), "--name", "oom-job", "--max-attempts", "3")
-        t0 = time.time()
-        j = wait_for(lambda: (lambda x: x if x["state"] == "FAILED" else None)(get(d, job)), 30, "FAILED")
-        assert j["reason"] == "GPU_OUT_OF_MEMORY" and "out of memory" in j["message"]
+        assert ftctl(d, "wait", job, timeout=120).returncode == 1
+        j = get(d, job)
+        assert j["state"] == "FAILED" and j["reason"] == "GPU_OUT_OF_MEMORY" and "out of memory" in j["message"]
         assert int(j["attempt"]) == 1 and j["result"]["outcome"] == "OUT_OF_MEMORY"
+        # not retried: one attempt in the daemon's own history, no requeue after it
+        states = [s["state"] for _, s in state_events(d, job)]
+        assert states == ["QUEUED", "RUNNING", "FAILED"], states
         other = submit(d, dict(TINY, steps=2), "--name", "fine-job")
         assert ftctl(d, "wait", other, timeout=300).returncode == 0
-        assert time.time() - t0 < 120
     finally:
         d.stop()
 
@@ -271,7 +280,7 @@ def test_cancel_leaves_no_worker_behind(daemon):
     assert ftctl(daemon, "wait", job, timeout=60).returncode == 2
     j = get(daemon, job)
     assert j["state"] == "CANCELLED" and j["reason"] == "CANCELLED"
-    wait_for(lambda: not group_alive(pid), 5, "the worker's process group to be gone")
+    wait_for(lambda: not group_alive(pid), 30, "the worker's process group to be gone")
 
 
 @pytest.mark.parametrize("policy,expect", [("requeue", "SUCCEEDED"), ("fail", "FAILED")])
@@ -327,14 +336,17 @@ def test_sigterm_drains_checkpoints_and_resumes(tmp_path):
     try:
         job = submit(d, dict(TINY, steps=400))
         wait_for(lambda: running_with_steps(d, job, 3), 120, "steps")
-        t0 = time.time()
+        sigterm_ms = time.time() * 1000
         d.kill(signal.SIGTERM)
-        assert d.proc.returncode == 0 and time.time() - t0 < 30
+        assert d.proc.returncode == 0
+        d.start()
         ck = d.data / "jobs" / job / "checkpoints"
         assert any((p / "MANIFEST.json").exists() for p in ck.iterdir())
-        d.start()
         assert get(d, job)["reason"] in ("DAEMON_SHUTDOWN", "RUNNING")
         assert ftctl(d, "wait", job, timeout=600).returncode == 0
+        # drained within the grace (--grace-s 3), by the daemon's record of the worker's end
+        shutdown = [ms for ms, s in state_events(d, job) if s["reason"] == "DAEMON_SHUTDOWN"]
+        assert len(shutdown) == 1 and shutdown[0] - sigterm_ms <= 3000 + 2000, (shutdown, sigterm_ms)
         log = (d.data / "jobs" / job / "worker.log").read_text()
         assert "resumed from" in log
     finally:
