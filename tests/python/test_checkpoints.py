@@ -168,9 +168,10 @@ def test_sigterm_at_random_moments(tmp_path):
         p.send_signal(signal.SIGTERM)
         out, err = p.communicate(timeout=180)
         out = "".join(seen) + out
-        where = f"run {i}, SIGTERM {when} (seed {seed}): exit {p.returncode}\n{err[-3000:]}"
         lines = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
         results = [l for l in lines if l["event"] == "result"]
+        last = [l for l in lines if l["event"] in ("step", "result")][-3:]
+        where = f"run {i}, SIGTERM {when} (seed {seed}): exit {p.returncode}\n{err[-3000:]}\nlast lines: {last}"
         steps = [l["step"] for l in lines if l["event"] == "step"]
         if p.returncode == -signal.SIGTERM:
             assert not lines and "model:" not in err, where

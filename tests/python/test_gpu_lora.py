@@ -92,7 +92,8 @@ def _predicted_peak_gib(log):
 
 def test_lora_8b_fused_follows_eager_with_less_memory_and_the_predicted_peak(tmp_path):
     """The LLaMA-3.1-8B shape (random init, same seed and token windows), LoRA rank 16 on all seven
-    projections, bf16 base: 12 steps with the fused set follow the eager set's losses within 1%, at
+    projections, bf16 base: 12 steps with the fused set follow the eager set's losses within 1% (0.01
+    below a loss of 1), at
     a lower peak memory, and each run's measured peak is within 10% of its predicted peak."""
     # A learnable stream: one seeded period of 61 tokens repeated. On uniformly random tokens a
     # randomly initialised model has nothing to learn in 12 steps, and the loss only wanders.
@@ -112,6 +113,7 @@ def test_lora_8b_fused_follows_eager_with_less_memory_and_the_predicted_peak(tmp
         assert abs(measured - predicted) <= 0.1 * measured, (ks, measured, predicted)
         peaks[ks] = measured
     for e, f in zip(runs["eager"], runs["fused"]):
-        assert abs(f["loss"] - e["loss"]) / e["loss"] <= 1e-2, (e["step"], e["loss"], f["loss"])
+        # 1% of the loss, or 0.01 once the loss is below 1: bf16 differences do not shrink with it.
+        assert abs(f["loss"] - e["loss"]) <= 1e-2 * max(e["loss"], 1.0), (e["step"], e["loss"], f["loss"])
     assert runs["fused"][-1]["loss"] < runs["fused"][0]["loss"]  # the adapters learn
     assert peaks["fused"] < peaks["eager"]
