@@ -1,4 +1,4 @@
-// ftctl cancel ID
+// ftctl cancel ID...
 #include <iostream>
 
 #include "client/commands.h"
@@ -6,15 +6,23 @@
 namespace ftd::client {
 
 Command AddCancel(CLI::App& app) {
-  auto id = std::make_shared<std::string>();
-  auto* c = app.add_subcommand("cancel", "Cancel a queued or running job");
-  c->add_option("id", *id, "job id")->required();
-  return {c, [id](Context& ctx) {
-            auto job = ctx.client().Cancel(*id);
-            if (!job.ok()) return Fail(job.status());
-            std::cout << job->id() << " " << ftd::v1::JobState_Name(job->state()) << " " << job->reason() << ": "
-                      << job->message() << std::endl;
-            return kExitOk;
+  auto ids = std::make_shared<std::vector<std::string>>();
+  auto* c = app.add_subcommand("cancel", "Cancel queued or running jobs");
+  c->add_option("id", *ids, "job ids")->required();
+  return {c, [ids](Context& ctx) {
+            // Every id is tried; the exit code is the first failure's.
+            int rc = kExitOk;
+            for (const auto& id : *ids) {
+              auto job = ctx.client().Cancel(id);
+              if (!job.ok()) {
+                if (const int r = Fail(job.status()); rc == kExitOk) rc = r;
+                if (Interrupted()) break;
+                continue;
+              }
+              std::cout << job->id() << " " << ftd::v1::JobState_Name(job->state()) << " " << job->reason() << ": "
+                        << job->message() << std::endl;
+            }
+            return rc;
           }};
 }
 

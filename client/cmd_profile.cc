@@ -1,9 +1,10 @@
-// ftctl profile ID [--trace FILE] [--top N] [-o text|json]: a PROFILE job's per-op table.
+// ftctl profile ID [--trace FILE] [--top N] [-o table|json|yaml]: a PROFILE job's per-op table.
 #include <fstream>
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
 #include "client/commands.h"
+#include "client/output.h"
 #include "client/render.h"
 #include "spec/profile_table.h"
 
@@ -13,7 +14,8 @@ absl::StatusOr<ftd::v1::ProfileReport> FetchProfile(JobClient& client, const std
   auto job = client.Get(id);
   if (!job.ok()) return job.status();
   if (job->kind() != ftd::v1::PROFILE) {
-    return absl::FailedPreconditionError(absl::StrCat(id, " is not a PROFILE job (submit with --kind profile)"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        id, " is a FINETUNE job, not a PROFILE job: profile one with ftctl submit SPEC --kind profile (ftctl list --kind profile lists them)"));
   }
   // A profile is ready once the job has one; a job still running has none yet.
   if (!job->has_profile()) {
@@ -26,7 +28,8 @@ absl::StatusOr<ftd::v1::ProfileReport> FetchProfile(JobClient& client, const std
 namespace {
 
 struct ProfileFlags {
-  std::string id, trace_path, output = "text";
+  std::string id, trace_path;
+  OutputFormat output = OutputFormat::kTable;
   int top = 25;
 };
 
@@ -41,7 +44,7 @@ int RunProfile(const ProfileFlags& f, Context& ctx) {
     std::cerr << "ftctl: wrote " << bytes << " bytes of trace to " << f.trace_path
               << " (open it in https://ui.perfetto.dev or chrome://tracing)" << std::endl;
   }
-  std::cout << (f.output == "json" ? ToJson(*p, true) + "\n" : ftd::spec::ProfileTable(*p, f.top));
+  std::cout << (f.output == OutputFormat::kTable ? ftd::spec::ProfileTable(*p, f.top) : Emit(ToJsonValue(*p), f.output));
   return kExitOk;
 }
 
@@ -53,7 +56,7 @@ Command AddProfile(CLI::App& app) {
   c->add_option("id", f->id, "job id")->required();
   c->add_option("--trace", f->trace_path, "write the Chrome/Perfetto trace JSON to this file");
   c->add_option("--top", f->top, "rows of the table (0: all)")->check(CLI::NonNegativeNumber);
-  c->add_option("-o,--output", f->output, "text or json")->check(CLI::IsMember({"text", "json"}));
+  AddOutputFlag(c, &f->output);
   return {c, [f](Context& ctx) { return RunProfile(*f, ctx); }};
 }
 

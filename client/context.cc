@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -35,6 +36,11 @@ int Fail(const absl::Status& st) {
 int Usage(const std::string& msg) {
   std::cerr << "ftctl: " << msg << std::endl;
   return kExitUsage;
+}
+
+int64_t NowUnixMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 absl::StatusOr<std::string> NormalizeAddress(const std::string& addr) {

@@ -2,6 +2,7 @@
 // $FTD_ADDR and the config file, the connection to ftd, how errors are printed, and the exit codes.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -26,6 +27,9 @@ inline constexpr int kExitInterrupted = 130;
 int Fail(const absl::Status& st);
 // Prints "ftctl: message" on stderr; returns kExitUsage.
 int Usage(const std::string& msg);
+
+// The wall clock in Unix milliseconds (ages and durations of jobs).
+int64_t NowUnixMs();
 
 // The flags every command takes (before or after the command's name).
 struct GlobalFlags {

@@ -17,15 +17,83 @@ namespace ftd::client {
 using ftd::v1::Job;
 using ftd::v1::JobEvent;
 
-std::string ToJson(const google::protobuf::Message& m, bool pretty) {
+namespace {
+
+using google::protobuf::Descriptor;
+using google::protobuf::FieldDescriptor;
+using nlohmann::ordered_json;
+
+bool Is64Bit(const FieldDescriptor* f) {
+  switch (f->cpp_type()) {
+    case FieldDescriptor::CPPTYPE_INT64:
+    case FieldDescriptor::CPPTYPE_UINT64: return true;
+    default: return false;
+  }
+}
+
+// proto3 JSON's "123" for a 64-bit integer -> 123.
+void NumberFromString(const FieldDescriptor* f, ordered_json* v) {
+  if (!v->is_string()) return;
+  const std::string s = v->get<std::string>();
+  try {
+    if (f->cpp_type() == FieldDescriptor::CPPTYPE_UINT64) {
+      *v = static_cast<uint64_t>(std::stoull(s));
+    } else {
+      *v = static_cast<int64_t>(std::stoll(s));
+    }
+  } catch (const std::exception&) {
+    // not a number: left as it is
+  }
+}
+
+void Int64AsNumbers(const Descriptor* d, ordered_json* j) {
+  if (!j->is_object()) return;
+  for (int i = 0; i < d->field_count(); ++i) {
+    const FieldDescriptor* f = d->field(i);
+    auto it = j->find(f->name());
+    if (it == j->end()) continue;
+    if (f->is_map()) {
+      const FieldDescriptor* value = f->message_type()->map_value();
+      for (auto& [k, v] : it->items()) {
+        if (value->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) Int64AsNumbers(value->message_type(), &v);
+        else if (Is64Bit(value)) NumberFromString(value, &v);
+      }
+    } else if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+      if (f->is_repeated()) {
+        for (auto& e : *it) Int64AsNumbers(f->message_type(), &e);
+      } else {
+        Int64AsNumbers(f->message_type(), &*it);
+      }
+    } else if (Is64Bit(f)) {
+      if (f->is_repeated()) {
+        for (auto& e : *it) NumberFromString(f, &e);
+      } else {
+        NumberFromString(f, &*it);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+nlohmann::ordered_json ToJsonValue(const google::protobuf::Message& m) {
   google::protobuf::util::JsonPrintOptions o;
   o.preserve_proto_field_names = true;
   o.always_print_primitive_fields = true;
-  o.add_whitespace = pretty;
   std::string out;
   (void)google::protobuf::util::MessageToJsonString(m, &out, o);
-  if (!out.empty() && out.back() == '\n') out.pop_back();
-  return out;
+  ordered_json j = ordered_json::parse(out, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return ordered_json::object();
+  Int64AsNumbers(m.GetDescriptor(), &j);
+  return j;
+}
+
+std::string ToJson(const google::protobuf::Message& m, bool pretty) { return ToJsonValue(m).dump(pretty ? 2 : -1); }
+
+double JobDurationS(const Job& j, int64_t now_unix_ms) {
+  if (j.started_unix_ms() <= 0) return -1;
+  const int64_t end = j.finished_unix_ms() > 0 ? j.finished_unix_ms() : now_unix_ms;
+  return std::max<int64_t>(0, end - j.started_unix_ms()) / 1000.0;
 }
 
 std::string FormatDuration(double s) {
@@ -72,14 +140,16 @@ std::string StepCell(const Job& j) {
 
 }  // namespace
 
-std::string JobsTable(const std::vector<Job>& jobs) {
+std::string JobsTable(const std::vector<Job>& jobs, int64_t now_unix_ms) {
   std::vector<std::vector<std::string>> rows = {
-      {"ID", "NAME", "STATE", "REASON", "KIND", "STEP", "LOSS", "PRI", "OWNER", "CREATED"}};
+      {"ID", "NAME", "STATE", "REASON", "KIND", "STEP", "LOSS", "AGE", "DURATION", "PRI", "OWNER"}};
   for (const auto& j : jobs) {
+    const double run_s = JobDurationS(j, now_unix_ms);
     rows.push_back({j.id(), j.name().empty() ? "-" : j.name(), ftd::v1::JobState_Name(j.state()),
                     j.reason().empty() ? "-" : j.reason(), KindName(j.kind()), StepCell(j),
                     j.has_last_step() && j.last_step().step() > 0 ? absl::StrFormat("%.4f", j.last_step().loss()) : "-",
-                    absl::StrCat(j.priority()), j.owner(), FormatTimeUtc(j.created_unix_ms())});
+                    j.created_unix_ms() > 0 ? FormatDuration((now_unix_ms - j.created_unix_ms()) / 1000.0) : "-",
+                    run_s < 0 ? "-" : FormatDuration(run_s), absl::StrCat(j.priority()), j.owner()});
   }
   std::vector<size_t> width(rows[0].size(), 0);
   for (const auto& r : rows) {
@@ -97,7 +167,7 @@ std::string JobsTable(const std::vector<Job>& jobs) {
   return out;
 }
 
-std::string JobText(const Job& j) {
+std::string JobText(const Job& j, int64_t now_unix_ms) {
   std::vector<std::pair<std::string, std::string>> kv = {
       {"id", j.id()},
       {"name", j.name()},
@@ -115,6 +185,9 @@ std::string JobText(const Job& j) {
   kv.emplace_back("created", FormatTimeUtc(j.created_unix_ms()));
   if (j.started_unix_ms() > 0) kv.emplace_back("started", FormatTimeUtc(j.started_unix_ms()));
   if (j.finished_unix_ms() > 0) kv.emplace_back("finished", FormatTimeUtc(j.finished_unix_ms()));
+  if (const double run_s = JobDurationS(j, now_unix_ms); run_s >= 0) {
+    kv.emplace_back("duration", absl::StrCat(FormatDuration(run_s), j.finished_unix_ms() > 0 ? "" : " so far"));
+  }
   if (j.has_last_step() && j.last_step().step() > 0) {
     JobEvent e;
     *e.mutable_step() = j.last_step();
@@ -131,20 +204,48 @@ std::string JobText(const Job& j) {
   return out;
 }
 
-std::string CompareTable(const std::string& a_id, const ftd::v1::ProfileReport& a, const std::string& b_id,
-                         const ftd::v1::ProfileReport& b, int top) {
-  struct Pair {
-    const ftd::v1::OpProfile* a = nullptr;
-    const ftd::v1::OpProfile* b = nullptr;
-  };
-  std::map<std::tuple<std::string, std::string, std::string>, Pair> ops;  // (phase, op, category)
+namespace {
+
+// One (phase, op, category) of a comparison; a side without the op has nullptr.
+struct ComparedOp {
+  std::string phase, op, category;
+  const ftd::v1::OpProfile* a = nullptr;
+  const ftd::v1::OpProfile* b = nullptr;
+  double a_ms() const { return a == nullptr ? 0.0 : a->device_ms(); }
+  double b_ms() const { return b == nullptr ? 0.0 : b->device_ms(); }
+};
+
+// The ops of both, largest time in either first; the `top` of them (0: all).
+std::vector<ComparedOp> CompareOps(const ftd::v1::ProfileReport& a, const ftd::v1::ProfileReport& b, int top) {
+  std::map<std::tuple<std::string, std::string, std::string>, ComparedOp> ops;  // (phase, op, category)
   for (const auto& o : a.ops()) ops[{o.phase(), o.name(), o.category()}].a = &o;
   for (const auto& o : b.ops()) ops[{o.phase(), o.name(), o.category()}].b = &o;
-  std::vector<std::pair<std::tuple<std::string, std::string, std::string>, Pair>> rows(ops.begin(), ops.end());
-  auto ms = [](const ftd::v1::OpProfile* o) { return o == nullptr ? 0.0 : o->device_ms(); };
-  std::stable_sort(rows.begin(), rows.end(), [&](const auto& x, const auto& y) {
-    return std::max(ms(x.second.a), ms(x.second.b)) > std::max(ms(y.second.a), ms(y.second.b));
+  std::vector<ComparedOp> rows;
+  for (auto& [key, row] : ops) {
+    std::tie(row.phase, row.op, row.category) = key;
+    rows.push_back(row);
+  }
+  std::stable_sort(rows.begin(), rows.end(), [](const ComparedOp& x, const ComparedOp& y) {
+    return std::max(x.a_ms(), x.b_ms()) > std::max(y.a_ms(), y.b_ms());
   });
+  if (top > 0 && rows.size() > static_cast<size_t>(top)) rows.resize(static_cast<size_t>(top));
+  return rows;
+}
+
+// Per category with time in either: (A ms, B ms).
+std::map<std::string, std::pair<double, double>> CompareCategories(const ftd::v1::ProfileReport& a,
+                                                                   const ftd::v1::ProfileReport& b) {
+  std::map<std::string, std::pair<double, double>> cats;
+  for (const auto& c : a.categories()) cats[c.category()].first = c.device_ms();
+  for (const auto& c : b.categories()) cats[c.category()].second = c.device_ms();
+  std::erase_if(cats, [](const auto& kv) { return kv.second.first == 0 && kv.second.second == 0; });
+  return cats;
+}
+
+}  // namespace
+
+std::string CompareTable(const std::string& a_id, const ftd::v1::ProfileReport& a, const std::string& b_id,
+                         const ftd::v1::ProfileReport& b, int top) {
   const char* unit = a.device() == "cpu" && b.device() == "cpu" ? "CPU" : "device";
   std::string out = absl::StrFormat("A = %s (%s, %.1f ms %s time/step)   B = %s (%s, %.1f ms %s time/step)\n\n", a_id,
                                     a.kernel_set(), a.step_device_ms(), unit, b_id, b.kernel_set(),
@@ -152,28 +253,44 @@ std::string CompareTable(const std::string& a_id, const ftd::v1::ProfileReport& 
   absl::StrAppendFormat(&out, "%-48s %-9s %-13s %10s %10s %10s %8s %8s %8s\n", "op", "phase", "category", "A ms",
                         "B ms", "B-A ms", "B/A", "A calls", "B calls");
   auto cell = [](const ftd::v1::OpProfile* o, double v) { return o == nullptr ? std::string("-") : absl::StrFormat("%.3f", v); };
-  int n = 0;
-  for (const auto& [key, p] : rows) {
-    if (top > 0 && n++ >= top) break;
-    const double da = ms(p.a), db = ms(p.b);
-    const auto& [phase, op, category] = key;
-    std::string name = op.size() > 48 ? op.substr(0, 45) + "..." : op;
-    absl::StrAppendFormat(&out, "%-48s %-9s %-13s %10s %10s %+10.3f %8s %8s %8s\n", name, phase, category, cell(p.a, da),
-                          cell(p.b, db), db - da, da > 0 && p.b != nullptr ? absl::StrFormat("%.2fx", db / da) : "-",
-                          p.a ? absl::StrFormat("%.0f", p.a->calls()) : "-",
-                          p.b ? absl::StrFormat("%.0f", p.b->calls()) : "-");
+  for (const auto& r : CompareOps(a, b, top)) {
+    const double da = r.a_ms(), db = r.b_ms();
+    std::string name = r.op.size() > 48 ? r.op.substr(0, 45) + "..." : r.op;
+    absl::StrAppendFormat(&out, "%-48s %-9s %-13s %10s %10s %+10.3f %8s %8s %8s\n", name, r.phase, r.category,
+                          cell(r.a, da), cell(r.b, db), db - da,
+                          da > 0 && r.b != nullptr ? absl::StrFormat("%.2fx", db / da) : "-",
+                          r.a ? absl::StrFormat("%.0f", r.a->calls()) : "-",
+                          r.b ? absl::StrFormat("%.0f", r.b->calls()) : "-");
   }
-  std::map<std::string, std::pair<double, double>> cats;
-  for (const auto& c : a.categories()) cats[c.category()].first = c.device_ms();
-  for (const auto& c : b.categories()) cats[c.category()].second = c.device_ms();
   absl::StrAppendFormat(&out, "\n%-14s %10s %10s %10s\n", "category", "A ms", "B ms", "B-A ms");
-  for (const auto& [c, v] : cats) {
-    if (v.first == 0 && v.second == 0) continue;
+  for (const auto& [c, v] : CompareCategories(a, b)) {
     absl::StrAppendFormat(&out, "%-14s %10.3f %10.3f %+10.3f\n", c, v.first, v.second, v.second - v.first);
   }
   absl::StrAppendFormat(&out, "%-14s %10.3f %10.3f %+10.3f\n", "step", a.step_device_ms(), b.step_device_ms(),
                         b.step_device_ms() - a.step_device_ms());
   return out;
+}
+
+nlohmann::ordered_json CompareJson(const std::string& a_id, const ftd::v1::ProfileReport& a, const std::string& b_id,
+                                   const ftd::v1::ProfileReport& b, int top) {
+  using nlohmann::ordered_json;
+  auto side = [](const std::string& id, const ftd::v1::ProfileReport& p) {
+    return ordered_json{{"id", id}, {"kernel_set", p.kernel_set()}, {"device", p.device()}, {"step_ms", p.step_device_ms()}};
+  };
+  ordered_json j{{"a", side(a_id, a)}, {"b", side(b_id, b)}, {"ops", ordered_json::array()},
+                 {"categories", ordered_json::array()}};
+  auto or_null = [](const ftd::v1::OpProfile* o, double v) { return o == nullptr ? ordered_json() : ordered_json(v); };
+  for (const auto& r : CompareOps(a, b, top)) {
+    j["ops"].push_back({{"op", r.op}, {"phase", r.phase}, {"category", r.category}, {"a_ms", or_null(r.a, r.a_ms())},
+                        {"b_ms", or_null(r.b, r.b_ms())}, {"diff_ms", r.b_ms() - r.a_ms()},
+                        {"ratio", r.a_ms() > 0 && r.b != nullptr ? ordered_json(r.b_ms() / r.a_ms()) : ordered_json()},
+                        {"a_calls", r.a ? ordered_json(r.a->calls()) : ordered_json()},
+                        {"b_calls", r.b ? ordered_json(r.b->calls()) : ordered_json()}});
+  }
+  for (const auto& [c, v] : CompareCategories(a, b)) {
+    j["categories"].push_back({{"category", c}, {"a_ms", v.first}, {"b_ms", v.second}, {"diff_ms", v.second - v.first}});
+  }
+  return j;
 }
 
 std::string EventLine(const JobEvent& e) {

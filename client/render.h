@@ -8,16 +8,24 @@
 #include <vector>
 
 #include "ftd/v1/jobs.pb.h"
+#include "nlohmann/json.hpp"
 
 namespace ftd::client {
 
-// proto3 JSON with the .proto field names and every scalar present (stable keys for scripts).
+// proto3 JSON with the .proto field names and every scalar present (stable keys for scripts), in
+// field order; 64-bit integers are JSON numbers (proto3 JSON writes them as strings), as in
+// ftd-worker's output.
+nlohmann::ordered_json ToJsonValue(const google::protobuf::Message& m);
 std::string ToJson(const google::protobuf::Message& m, bool pretty);
 
-// A table: ID NAME STATE REASON KIND STEP LOSS PRI OWNER CREATED, columns sized to their content.
-std::string JobsTable(const std::vector<ftd::v1::Job>& jobs);
-// "key: value" lines describing one job.
-std::string JobText(const ftd::v1::Job& job);
+// How long a job has run: started to finished, or to `now_unix_ms` while it runs; < 0 if it never started.
+double JobDurationS(const ftd::v1::Job& job, int64_t now_unix_ms);
+
+// A table: ID NAME STATE REASON KIND STEP LOSS AGE DURATION PRI OWNER, columns sized to their
+// content; AGE and DURATION are as of `now_unix_ms`.
+std::string JobsTable(const std::vector<ftd::v1::Job>& jobs, int64_t now_unix_ms);
+// "key: value" lines describing one job (its duration as of `now_unix_ms`).
+std::string JobText(const ftd::v1::Job& job, int64_t now_unix_ms);
 // One line per event: state changes, steps (step/total, loss, tokens/s, memory, ETA), logs, result.
 std::string EventLine(const ftd::v1::JobEvent& e);
 
@@ -25,6 +33,11 @@ std::string EventLine(const ftd::v1::JobEvent& e);
 // `top` rows with the largest time in either (0: all), then the categories.
 std::string CompareTable(const std::string& a_id, const ftd::v1::ProfileReport& a, const std::string& b_id,
                          const ftd::v1::ProfileReport& b, int top);
+// The same as data: {"a": {id, kernel_set, step_ms}, "b": ..., "ops": [{op, phase, category, a_ms, b_ms,
+// diff_ms, ratio, a_calls, b_calls}], "categories": [{category, a_ms, b_ms, diff_ms}]}; a side
+// without the op has null.
+nlohmann::ordered_json CompareJson(const std::string& a_id, const ftd::v1::ProfileReport& a, const std::string& b_id,
+                                   const ftd::v1::ProfileReport& b, int top);
 
 // Pieces, exposed for tests.
 std::string FormatDuration(double seconds);  // "42s", "3m05s", "2h01m"

@@ -195,16 +195,16 @@ def test_spec_from_stdin_and_yaml(tmp_path):
     try:
         p = _ftctl_in(tmp_path, d, "submit", "-", input=json.dumps(dict(TINY, steps=3)))
         assert p.returncode == 0, p.stderr
-        assert get(d, p.stdout.strip())["spec"]["steps"] == "3"
+        assert get(d, p.stdout.strip())["spec"]["steps"] == 3
         yaml_text = "model: {preset: tiny}\nbatch_size: 4\nseq_len: 32\ndevice: cpu\nsteps: 4\noptimizer:\n  lr: 1e-4\n"
         p = _ftctl_in(tmp_path, d, "submit", "-", input=yaml_text)  # YAML on stdin
         assert p.returncode == 0, p.stderr
         job = get(d, p.stdout.strip())
-        assert job["spec"]["steps"] == "4" and job["spec"]["optimizer"]["lr"] == 1e-4, job["spec"]
+        assert job["spec"]["steps"] == 4 and job["spec"]["optimizer"]["lr"] == 1e-4, job["spec"]
         (tmp_path / "job.yml").write_text(yaml_text.replace("steps: 4", "steps: 5"))
         p = _ftctl_in(tmp_path, d, "submit", "job.yml")
         assert p.returncode == 0, p.stderr
-        assert get(d, p.stdout.strip())["spec"]["steps"] == "5"
+        assert get(d, p.stdout.strip())["spec"]["steps"] == 5
     finally:
         d.stop()
 
@@ -240,5 +240,57 @@ def test_relative_paths_are_resolved_against_the_callers_directory(tmp_path):
         assert s["checkpoint"]["dir"] == str(tmp_path / "ck")
         assert s["model"] == {"weights_path": "/abs/weights", "config_path": str(work / "sub" / "config.json")}
         assert s["lora"]["adapter_path"] == str(work / "adapters" / "a")
+    finally:
+        d.stop()
+
+
+def test_list_newest_first_limit_name_and_columns(tmp_path):
+    d = Daemon(tmp_path, "--paused")
+    try:
+        ids = [submit(d, dict(TINY, steps=1), "--name", n) for n in ("sweep-1", "sweep-2", "other", "sweep-3")]
+        rows = json.loads(ftctl(d, "list", "-o", "json").stdout)
+        assert [r["id"] for r in rows] == ids[::-1]  # newest first by default
+        assert [r["id"] for r in json.loads(ftctl(d, "list", "--oldest-first", "-o", "json").stdout)] == ids
+        assert [r["id"] for r in json.loads(ftctl(d, "list", "--limit", "2", "-o", "json").stdout)] == ids[:1:-1]
+        named = json.loads(ftctl(d, "list", "--name", "sweep-*", "--limit", "2", "-o", "json").stdout)
+        assert [r["name"] for r in named] == ["sweep-3", "sweep-2"]
+        assert [r["id"] for r in json.loads(ftctl(d, "list", "--name", "other", "-o", "json").stdout)] == [ids[2]]
+        table = ftctl(d, "list").stdout.splitlines()
+        assert table[0].split() == ["ID", "NAME", "STATE", "REASON", "KIND", "STEP", "LOSS", "AGE", "DURATION", "PRI",
+                                    "OWNER"], table[0]
+        assert table[1].startswith(ids[3])
+    finally:
+        d.stop()
+
+
+def test_output_formats_and_json_integers_are_numbers(tmp_path, daemon):
+    import yaml
+    job = submit(daemon, dict(TINY, steps=2), "--name", "fmt")
+    assert ftctl(daemon, "wait", job, timeout=300).returncode == 0
+    as_json = json.loads(ftctl(daemon, "get", job, "-o", "json").stdout)
+    for key in ("created_unix_ms", "started_unix_ms", "finished_unix_ms"):
+        assert isinstance(as_json[key], int) and as_json[key] > 0, (key, as_json[key])
+    assert as_json["spec"]["steps"] == 2 and as_json["last_step"]["step"] == 2
+    as_yaml = yaml.safe_load(ftctl(daemon, "get", job, "-o", "yaml").stdout)
+    assert as_yaml == as_json
+    listed = yaml.safe_load(ftctl(daemon, "list", "-o", "yaml").stdout)
+    assert listed == json.loads(ftctl(daemon, "list", "-o", "json").stdout) and listed[0]["id"] == job
+    text = ftctl(daemon, "get", job).stdout
+    assert "duration:" in text, text
+    events = [json.loads(l) for l in ftctl(daemon, "watch", job, "-o", "json").stdout.splitlines()]
+    assert all(isinstance(e["seq"], int) for e in events)
+    p = ftctl(daemon, "get", job, "-o", "text")
+    assert p.returncode == 64 and "table" in p.stderr, p.stderr
+
+
+def test_cancel_takes_several_ids(tmp_path):
+    d = Daemon(tmp_path, "--paused")
+    try:
+        a, b = submit(d, dict(TINY, steps=1)), submit(d, dict(TINY, steps=1))
+        p = ftctl(d, "cancel", a, "j-999999", b)
+        assert p.returncode == 3, p.stderr  # one of them failed, the others were cancelled
+        assert "NOT_FOUND" in p.stderr and "j-999999" in p.stderr
+        assert [l.split()[:2] for l in p.stdout.splitlines()] == [[a, "CANCELLED"], [b, "CANCELLED"]]
+        assert get(d, a)["state"] == get(d, b)["state"] == "CANCELLED"
     finally:
         d.stop()

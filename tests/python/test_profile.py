@@ -44,6 +44,11 @@ def test_profile_job_table_trace_compare_and_metrics(daemon, tmp_path):
     cmp = ftctl(daemon, "compare", a, b)
     assert cmp.returncode == 0, cmp.stderr
     assert a in cmp.stdout and b in cmp.stdout and "aten::mm" in cmp.stdout and "B/A" in cmp.stdout
+    cj = json.loads(ftctl(daemon, "compare", a, b, "-o", "json").stdout)
+    assert cj["a"]["id"] == a and cj["b"]["id"] == b and any(o["op"] == "aten::mm" for o in cj["ops"]), cj
+    import yaml
+    assert yaml.safe_load(ftctl(daemon, "compare", a, b, "-o", "yaml").stdout) == cj
+    assert yaml.safe_load(ftctl(daemon, "profile", a, "-o", "yaml").stdout) == report
 
     # the profile was streamed to watchers as an event, after the profiled steps
     events = [json.loads(l) for l in ftctl(daemon, "watch", a, "-o", "json").stdout.splitlines()]

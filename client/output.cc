@@ -1,0 +1,73 @@
+#include "client/output.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <map>
+
+namespace ftd::client {
+
+using nlohmann::ordered_json;
+
+CLI::Option* AddOutputFlag(CLI::App* cmd, OutputFormat* format) {
+  static const std::map<std::string, OutputFormat> kFormats = {
+      {"table", OutputFormat::kTable}, {"json", OutputFormat::kJson}, {"yaml", OutputFormat::kYaml}};
+  return cmd->add_option("-o,--output", *format, "table (default), json or yaml")
+      ->transform(CLI::CheckedTransformer(kFormats, CLI::ignore_case))
+      ->option_text("table|json|yaml");
+}
+
+namespace {
+
+// Whether `s` written plain reads back as this string (not a number, boolean, null or other YAML).
+bool ReadsBackAsString(const std::string& s) {
+  if (s.empty() || !ordered_json::parse(s, nullptr, /*allow_exceptions=*/false).is_discarded()) return false;
+  for (const char* special : {"~", "null", "Null", "NULL", "True", "False", "TRUE", "FALSE", "yes", "no", "on", "off"}) {
+    if (s == special) return false;
+  }
+  try {
+    const YAML::Node back = YAML::Load(s);
+    return back.IsScalar() && back.Scalar() == s;
+  } catch (const YAML::Exception&) {
+    return false;
+  }
+}
+
+void EmitYaml(const ordered_json& v, YAML::Emitter& out) {
+  switch (v.type()) {
+    case ordered_json::value_t::object:
+      out << YAML::BeginMap;
+      for (const auto& [k, x] : v.items()) {
+        out << YAML::Key << k << YAML::Value;
+        EmitYaml(x, out);
+      }
+      out << YAML::EndMap;
+      break;
+    case ordered_json::value_t::array:
+      out << YAML::BeginSeq;
+      for (const auto& x : v) EmitYaml(x, out);
+      out << YAML::EndSeq;
+      break;
+    case ordered_json::value_t::string: {
+      const std::string s = v.get<std::string>();
+      if (!ReadsBackAsString(s)) out << YAML::DoubleQuoted;
+      out << s;
+      break;
+    }
+    case ordered_json::value_t::boolean: out << (v.get<bool>() ? "true" : "false"); break;
+    case ordered_json::value_t::null: out << YAML::Null; break;
+    default: out << v.dump(); break;  // numbers as JSON writes them (exact, round-trippable)
+  }
+}
+
+}  // namespace
+
+std::string Emit(const ordered_json& value, OutputFormat format) {
+  if (format == OutputFormat::kYaml) {
+    YAML::Emitter out;
+    EmitYaml(value, out);
+    return std::string(out.c_str()) + "\n";
+  }
+  return value.dump(2) + "\n";
+}
+
+}  // namespace ftd::client
