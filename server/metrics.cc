@@ -47,6 +47,7 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
   step_time_ = &BuildGauge().Name("ftd_worker_step_time_seconds").Help("Wall time of the last optimizer step on the slot").Register(r);
   peak_mem_ = &BuildGauge().Name("ftd_worker_peak_memory_bytes").Help("Peak memory during the last step on the slot (GPU allocated/reserved, host rss)").Register(r);
   loss_ = &BuildGauge().Name("ftd_worker_loss").Help("Training loss of the last step on the slot").Register(r);
+  eval_loss_ = &BuildGauge().Name("ftd_worker_eval_loss").Help("Mean masked loss on the held-out data at the last evaluation on the slot").Register(r);
   mfu_ = &BuildGauge().Name("ftd_worker_mfu_ratio").Help("Model FLOPs utilisation of the last step on the slot (0..1)").Register(r);
   tokens_ = &BuildCounter().Name("ftd_worker_tokens_total").Help("Tokens trained on the slot").Register(r);
   steps_ = &BuildCounter().Name("ftd_worker_steps_total").Help("Optimizer steps completed on the slot").Register(r);
@@ -117,6 +118,7 @@ void Metrics::Step(const std::string& slot, const std::string& kernel_set, const
   tokens_per_s_->Add(l).Set(r.tokens_per_s());
   step_time_->Add(l).Set(r.step_time_s());
   loss_->Add(l).Set(r.loss());
+  if (r.has_eval_loss()) eval_loss_->Add(l).Set(r.eval_loss());
   mfu_->Add(l).Set(r.mfu());
   tokens_->Add(l).Increment(static_cast<double>(delta.tokens));
   steps_->Add(l).Increment(static_cast<double>(delta.steps));

@@ -62,6 +62,7 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>* step_time_;
   prometheus::Family<prometheus::Gauge>* peak_mem_;
   prometheus::Family<prometheus::Gauge>* loss_;
+  prometheus::Family<prometheus::Gauge>* eval_loss_;
   prometheus::Family<prometheus::Gauge>* mfu_;
   prometheus::Family<prometheus::Counter>* tokens_;
   prometheus::Family<prometheus::Counter>* steps_;

@@ -30,6 +30,45 @@ absl::Status TrainConfig::Validate() const {
   if (data.token_dtype != "uint16" && data.token_dtype != "uint32") {
     return Invalid("data.token_dtype", "must be \"uint16\" or \"uint32\"", data.token_dtype);
   }
+  if (data.format != "tokens" && data.format != "text" && data.format != "prompt_completion" &&
+      data.format != "chat") {
+    return Invalid("data.format", "must be one of: tokens, text, prompt_completion, chat", data.format);
+  }
+  if (data.jsonl() && data.path.empty()) {
+    return Invalid("data.path", absl::StrCat("must name a JSONL file for data.format \"", data.format, "\""), "\"\"");
+  }
+  if (data.jsonl() && data.tokenizer_path.empty() && model.weights_path.empty()) {
+    return Invalid("data.tokenizer_path",
+                   "must name a directory with tokenizer.json for a JSONL format (or set model.weights_path to a "
+                   "model directory that has one)",
+                   "\"\"");
+  }
+  for (const auto& [name, value] : {std::pair{"text_field", &data.text_field}, {"prompt_field", &data.prompt_field},
+                                    {"completion_field", &data.completion_field},
+                                    {"messages_field", &data.messages_field}, {"role_field", &data.role_field},
+                                    {"content_field", &data.content_field}}) {
+    if (value->empty()) return Invalid(absl::StrCat("data.", name), "must not be empty", "\"\"");
+  }
+  if (data.on_bad_line != "refuse" && data.on_bad_line != "skip") {
+    return Invalid("data.on_bad_line", "must be \"refuse\" or \"skip\"", data.on_bad_line);
+  }
+  if (data.sequence != "pack" && data.sequence != "pad") {
+    return Invalid("data.sequence", "must be \"pack\" or \"pad\"", data.sequence);
+  }
+  if (!(data.eval_fraction >= 0 && data.eval_fraction < 1)) {
+    return Invalid("data.eval_fraction", "must be in [0, 1)", absl::StrCat(data.eval_fraction));
+  }
+  if (!data.eval_path.empty() && data.eval_fraction > 0) {
+    return Invalid("data", "takes eval_path or eval_fraction, not both",
+                   absl::StrCat("eval_path=", data.eval_path, ", eval_fraction=", data.eval_fraction));
+  }
+  if (data.eval_every_steps < 0) {
+    return Invalid("data.eval_every_steps", "must be >= 0", absl::StrCat(data.eval_every_steps));
+  }
+  if (data.eval_every_steps > 0 && !data.has_eval()) {
+    return Invalid("data.eval_every_steps", "needs held-out data: set data.eval_path or data.eval_fraction",
+                   absl::StrCat(data.eval_every_steps));
+  }
   if (!(optimizer.lr > 0 && std::isfinite(optimizer.lr))) {
     return Invalid("optimizer.lr", "must be a finite number > 0", absl::StrCat(optimizer.lr));
   }

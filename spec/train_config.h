@@ -20,11 +20,29 @@ struct ModelSource {
   std::string weights_path;  // HF safetensors directory, or empty (random init)
 };
 
+// docs/data-format.md describes the formats and how rows are built from them.
 struct DataConfig {
-  std::string path;                // token file; empty = embedded arithmetic dataset
-  std::string token_dtype = "uint16";  // "uint16" | "uint32"
+  std::string path;                // token file or JSONL; empty = embedded arithmetic dataset
+  std::string format = "tokens";   // "tokens" | "text" | "prompt_completion" | "chat"
+  std::string token_dtype = "uint16";  // "uint16" | "uint32" (format tokens)
   bool shuffle = false;
-  uint64_t seed = 1234;
+  uint64_t seed = 1234;            // shuffle, eval split and the embedded dataset
+  std::string tokenizer_path;      // directory with tokenizer.json; empty = model.weights_path
+  std::string text_field = "text";
+  std::string prompt_field = "prompt";
+  std::string completion_field = "completion";
+  std::string messages_field = "messages";
+  std::string role_field = "role";
+  std::string content_field = "content";
+  std::string on_bad_line = "refuse";  // "refuse" | "skip"
+  std::string sequence = "pack";       // "pack" | "pad"
+  std::string eval_path;               // held-out file in the same format
+  double eval_fraction = 0;            // or a seeded fraction of the rows, in [0, 1)
+  int64_t eval_every_steps = 0;        // steps; 0 = only at the end (when there is held-out data)
+  std::string cache_dir;               // tokenized JSONL; empty = $FTD_DATA_CACHE or ~/.cache/ftd/data
+
+  bool jsonl() const { return format != "tokens"; }
+  bool has_eval() const { return !eval_path.empty() || eval_fraction > 0; }
 };
 
 struct OptimizerConfig {

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include <google/protobuf/util/json_util.h>
@@ -16,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
 #include "worker/engine/engine.h"
+#include "worker/engine/token_data.h"
 #include "worker/agent.h"
 #include "spec/profile_table.h"
 #include "spec/spec.h"
@@ -51,7 +53,10 @@ nlohmann::json StepJson(const ftd::engine::StepMetrics& m) {
           {"joules_per_token", m.joules_per_token},
           {"power_w", m.power_w},
           {"gpu_utilization", m.gpu_utilization},
-          {"gpu_memory_used_bytes", m.gpu_memory_used_bytes}};
+          {"gpu_memory_used_bytes", m.gpu_memory_used_bytes},
+          {"real_tokens", m.real_tokens},
+          {"loss_tokens", m.loss_tokens},
+          {"eval_loss", m.eval_loss ? nlohmann::json(*m.eval_loss) : nlohmann::json()}};
 }
 
 std::string StepText(const ftd::engine::StepMetrics& m) {
@@ -66,6 +71,7 @@ std::string StepText(const ftd::engine::StepMetrics& m) {
   absl::StrAppendFormat(&out, "  rss %.2f GiB", static_cast<double>(m.peak_rss_bytes) / kGiB);
   if (m.mfu > 0) absl::StrAppendFormat(&out, "  mfu %.1f%%", 100 * m.mfu);
   if (m.nvml_available) absl::StrAppendFormat(&out, "  %.0f W  %.3f J/token", m.power_w, m.joules_per_token);
+  if (m.eval_loss) absl::StrAppendFormat(&out, "  eval_loss %.4f", *m.eval_loss);
   return out;
 }
 
@@ -75,8 +81,11 @@ struct ProfileOptions {
   int top = 30;
 };
 
-int Run(const std::string& spec_path, bool use_default, const std::vector<std::string>& sets, bool text,
-        const ProfileOptions& prof) {
+// The spec file (or the embedded default) with --set overrides, as a validated config; on failure
+// the message is on stderr and the exit code in *exit_code.
+std::optional<ftd::spec::TrainConfig> LoadConfig(const std::string& spec_path, bool use_default,
+                                                 const std::vector<std::string>& sets, int* exit_code) {
+  *exit_code = 2;
   ftd::v1::TrainSpec spec;
   if (use_default || spec_path.empty()) {
     spec = ftd::spec::DefaultTrainSpec(ftd::engine::CudaDeviceCount() > 0);
@@ -84,14 +93,14 @@ int Run(const std::string& spec_path, bool use_default, const std::vector<std::s
     std::ifstream in(spec_path);
     if (!in) {
       std::cerr << "ftd-worker: cannot read spec file " << spec_path << "\n";
-      return 2;
+      return std::nullopt;
     }
     std::stringstream ss;
     ss << in.rdbuf();
     auto parsed = ftd::spec::ParseTrainSpecJson(ss.str());
     if (!parsed.ok()) {
       std::cerr << "ftd-worker: " << spec_path << ": " << parsed.status().message() << "\n";
-      return 2;
+      return std::nullopt;
     }
     spec = *parsed;
   }
@@ -99,7 +108,7 @@ int Run(const std::string& spec_path, bool use_default, const std::vector<std::s
   for (const auto& kv : sets) {
     if (auto st = ftd::spec::ApplySetOverride(kv, &spec); !st.ok()) {
       std::cerr << "ftd-worker: " << st.message() << "\n";
-      return 2;
+      return std::nullopt;
     }
   }
   auto config = ftd::spec::ToTrainConfig(spec);
@@ -108,8 +117,60 @@ int Run(const std::string& spec_path, bool use_default, const std::vector<std::s
                      .dump()
               << std::endl;
     std::cerr << "ftd-worker: " << config.status().message() << "\n";
+    return std::nullopt;
+  }
+  *exit_code = 0;
+  return *std::move(config);
+}
+
+// `ftd-worker prepare`: tokenizes the spec's JSONL data (and held-out file) into the prepared-
+// dataset cache, or finds it there, and prints one JSON line per file.
+int Prepare(const std::string& spec_path, const std::vector<std::string>& sets, bool progress) {
+  int code = 0;
+  auto config = LoadConfig(spec_path, false, sets, &code);
+  if (!config) return code;
+  ftd::spec::DataConfig d = config->data;
+  if (!d.jsonl()) {
+    std::cerr << "ftd-worker prepare: data.format is \"" << d.format
+              << "\"; only the JSONL formats (text, prompt_completion, chat) are tokenized ahead\n";
     return 2;
   }
+  if (d.tokenizer_path.empty()) d.tokenizer_path = config->model.weights_path;
+  for (const std::string& path : {d.path, d.eval_path}) {
+    if (path.empty()) continue;
+    auto req = ftd::engine::PrepareRequestFor(d, path);
+    if (!req.ok()) {
+      std::cerr << "ftd-worker prepare: " << req.status().message() << "\n";
+      return 2;
+    }
+    req->parallel.progress = progress;
+    auto prepared = ftd::data::PrepareJsonl(*req);
+    if (!prepared.ok()) {
+      std::cerr << "ftd-worker prepare: " << prepared.status().message() << "\n";
+      return absl::IsInvalidArgument(prepared.status()) || absl::IsNotFound(prepared.status()) ? 2 : 1;
+    }
+    const auto& c = prepared->corpus;
+    std::cout << nlohmann::json{{"event", "prepared"},
+                                {"path", path},
+                                {"cache", prepared->dir},
+                                {"reused", prepared->reused},
+                                {"examples", c.num_docs()},
+                                {"tokens", c.ids.size()},
+                                {"loss_tokens", c.loss_tokens()},
+                                {"lines", c.lines},
+                                {"bad_lines", c.bad_line_count},
+                                {"bad_lines_summary", c.bad_lines_summary}}
+                     .dump()
+              << std::endl;
+  }
+  return 0;
+}
+
+int Run(const std::string& spec_path, bool use_default, const std::vector<std::string>& sets, bool text,
+        const ProfileOptions& prof) {
+  int code = 0;
+  auto config = LoadConfig(spec_path, use_default, sets, &code);
+  if (!config) return code;
   if (prof.enabled) {
     config->profile.enabled = true;
     config->profile.trace_path = prof.trace;
@@ -151,6 +212,8 @@ int Run(const std::string& spec_path, bool use_default, const std::vector<std::s
                               {"message", sum.message},
                               {"steps_done", sum.steps_done},
                               {"final_loss", sum.final_loss},
+                              {"final_eval_loss", sum.final_eval_loss ? nlohmann::json(*sum.final_eval_loss)
+                                                                      : nlohmann::json()},
                               {"last_checkpoint", sum.last_checkpoint}}
                    .dump()
             << std::endl;
@@ -193,8 +256,15 @@ int main(int argc, char** argv) {
   agent->add_option("--job", agent_opts.job_id, "job id")->required();
   agent->add_option("--attempt", agent_opts.attempt, "attempt number")->required();
   agent->add_option("--token", agent_opts.token, "attempt token")->required();
+  auto* prepare = app.add_subcommand("prepare", "Tokenize a spec's JSONL dataset once into the prepared-dataset cache "
+                                                "that jobs reuse (docs/data-format.md)");
+  prepare->add_option("spec", spec_path, "TrainSpec JSON file (docs/job-spec.md)")->required();
+  prepare->add_option("--set", sets, "Override a spec field, e.g. --set data.cache_dir=/data/cache");
+  bool no_progress = false;
+  prepare->add_flag("--no-progress", no_progress, "No progress bar on stderr");
   auto tokenize = ftd::data::AddTokenizeCommand(&app);
   CLI11_PARSE(app, argc, argv);
+  if (*prepare) return Prepare(spec_path, sets, !no_progress);
   if (*tokenize->cmd) return ftd::data::RunTokenizeCommand(*tokenize);
   if (*agent) {
     std::signal(SIGINT, OnSignal);

@@ -24,6 +24,9 @@ ftd::v1::StepReport ToStepReport(const engine::StepMetrics& m) {
   r.set_power_w(m.power_w);
   r.set_gpu_utilization(m.gpu_utilization);
   r.set_gpu_memory_used_bytes(m.gpu_memory_used_bytes);
+  r.set_real_tokens(m.real_tokens);
+  r.set_loss_tokens(m.loss_tokens);
+  if (m.eval_loss) r.set_eval_loss(*m.eval_loss);
   return r;
 }
 
@@ -67,6 +70,7 @@ ftd::v1::RunResult ToRunResult(const engine::RunSummary& s) {
   r.set_steps_done(s.steps_done);
   r.set_final_loss(s.final_loss);
   r.set_last_checkpoint(s.last_checkpoint);
+  if (s.final_eval_loss) r.set_final_eval_loss(*s.final_eval_loss);
   return r;
 }
 

@@ -136,15 +136,23 @@ std::vector<std::string_view> SplitLines(std::string_view text) {
   return lines;
 }
 
+LineChunks ChunkLines(std::string_view contents, uint64_t chunk_bytes) {
+  LineChunks lc;
+  lc.lines = SplitLines(contents);
+  lc.bounds = ChunkBounds(lc.lines, chunk_bytes);
+  lc.bytes.assign(lc.bounds.size() - 1, 0);
+  for (size_t c = 0; c + 1 < lc.bounds.size(); ++c) {
+    for (size_t r = lc.bounds[c]; r < lc.bounds[c + 1]; ++r) lc.bytes[c] += lc.lines[r].size() + 1;
+  }
+  return lc;
+}
+
 absl::StatusOr<EncodedJsonl> EncodeJsonlField(const Tokenizer& tokenizer, std::string_view contents,
                                               std::string_view field, const ParallelOptions& options) {
-  const std::vector<std::string_view> lines = SplitLines(contents);
-  const std::vector<size_t> bounds = ChunkBounds(lines, options.chunk_bytes);
-  const size_t chunks = bounds.size() - 1;
-  std::vector<uint64_t> bytes(chunks, 0);
-  for (size_t c = 0; c < chunks; ++c) {
-    for (size_t r = bounds[c]; r < bounds[c + 1]; ++r) bytes[c] += lines[r].size() + 1;
-  }
+  const LineChunks lc = ChunkLines(contents, options.chunk_bytes);
+  const auto& lines = lc.lines;
+  const auto& bounds = lc.bounds;
+  const size_t chunks = lc.size();
   struct Part {
     EncodedRecords records;
     std::vector<uint64_t> line_of;
@@ -152,7 +160,7 @@ absl::StatusOr<EncodedJsonl> EncodeJsonlField(const Tokenizer& tokenizer, std::s
   };
   std::vector<Part> parts(chunks);
   const std::string key(field);
-  auto st = RunChunks(tokenizer, bytes, options, [&](Encoder& enc, size_t c) -> absl::Status {
+  auto st = RunChunks(tokenizer, lc.bytes, options, [&](Encoder& enc, size_t c) -> absl::Status {
     Part& out = parts[c];
     for (size_t r = bounds[c]; r < bounds[c + 1]; ++r) {
       const uint64_t line_no = r + 1;

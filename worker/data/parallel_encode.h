@@ -54,6 +54,16 @@ absl::StatusOr<EncodedRecords> EncodeRecords(const Tokenizer& tokenizer, std::sp
 // it is not empty. Other bytes ('\r' too) stay.
 std::vector<std::string_view> SplitLines(std::string_view text);
 
+// The lines of a file cut into chunks for RunChunks: chunk c is lines [bounds[c], bounds[c+1]) and
+// adds bytes[c] to the progress bar.
+struct LineChunks {
+  std::vector<std::string_view> lines;
+  std::vector<size_t> bounds;
+  std::vector<uint64_t> bytes;
+  size_t size() const { return bytes.size(); }
+};
+LineChunks ChunkLines(std::string_view contents, uint64_t chunk_bytes);
+
 // One JSON object per line; records are the string field `field`.
 struct BadLine {
   uint64_t line;  // 1-based

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -38,6 +39,9 @@ struct StepMetrics {
   double power_w = 0;            // mean over the same steps
   double gpu_utilization = 0;    // 0..1
   uint64_t gpu_memory_used_bytes = 0;
+  int64_t real_tokens = 0;           // tokens of this step that are not padding
+  int64_t loss_tokens = 0;           // tokens of this step the loss counts
+  std::optional<double> eval_loss;   // mean masked loss on the held-out rows, on eval steps
 };
 
 // One row of a profile: an op (a LibTorch op such as aten::mm, or one of ftd's kernels such as
@@ -71,6 +75,7 @@ struct RunSummary {
   std::string message;
   int64_t steps_done = 0;
   double final_loss = 0;
+  std::optional<double> final_eval_loss;  // the last held-out loss (data.eval_path or eval_fraction)
   std::string last_checkpoint;  // directory of the newest checkpoint written or resumed from
 };
 

@@ -268,9 +268,31 @@ torch::Tensor LlamaModel::SwiGlu(const torch::Tensor& gate, const torch::Tensor&
   return kernels_[KernelOp::kSwiGlu] ? fused::SwiGlu(gate, up) : torch::silu(gate) * up;
 }
 
-torch::Tensor LlamaModel::Rotate(const torch::Tensor& x, int64_t seq_len) {
+PackedLayout PackedLayout::FromSegments(const torch::Tensor& positions, const torch::Tensor& segments) {
+  const int64_t T = segments.size(1);
+  auto causal = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(segments.device())).tril();
+  auto same = segments.unsqueeze(2).eq(segments.unsqueeze(1));  // [B, T, T]
+  return {positions, same.logical_and(causal).unsqueeze(1)};
+}
+
+torch::Tensor LlamaModel::Rotate(const torch::Tensor& x, int64_t seq_len, const PackedLayout& layout) {
   auto [cos, sin] = RopeCosSin(seq_len);  // [T, D], broadcast over [B, H, T, D]
   RECORD_USER_SCOPE("ftd::op::rope");
+  if (layout.packed()) {
+    // Each token's own position: rows of the tables gathered per token.
+    const auto B = x.size(0), T = x.size(1), H = x.size(2), D = x.size(3);
+    const auto pos = layout.positions.reshape({-1});
+    if (kernels_[KernelOp::kRope]) {
+      // The kernel takes one table row per sequence position: all B*T tokens as one sequence.
+      auto flat = fused::Rope(x.reshape({1, B * T, H, D}), cos32_.index_select(0, pos).contiguous(),
+                              sin32_.index_select(0, pos).contiguous());
+      return flat.view({B, T, H, D}).transpose(1, 2);
+    }
+    auto c = cos.index_select(0, pos).view({B, 1, T, D});
+    auto s = sin.index_select(0, pos).view({B, 1, T, D});
+    auto t = x.transpose(1, 2);
+    return t * c + RotateHalf(t) * s;
+  }
   if (kernels_[KernelOp::kRope]) return fused::Rope(x, cos32_, sin32_).transpose(1, 2);
   auto t = x.transpose(1, 2);
   return t * cos + RotateHalf(t) * sin;
@@ -307,7 +329,7 @@ std::vector<torch::Tensor> LlamaModel::ProjectShared(const torch::Tensor& x, con
   return out;
 }
 
-torch::Tensor LlamaModel::Hidden(const torch::Tensor& ids, bool train) {
+torch::Tensor LlamaModel::Hidden(const torch::Tensor& ids, bool train, const PackedLayout& layout) {
   const auto& c = config_;
   const int64_t B = ids.size(0), T = ids.size(1);
   auto x = torch::embedding(embed_, ids);
@@ -318,11 +340,16 @@ torch::Tensor LlamaModel::Hidden(const torch::Tensor& ids, bool train) {
     auto lora = [&](LoraTarget t) -> const LoraAdapter& { return L.lora[static_cast<size_t>(t)]; };
     auto qkv = ProjectShared(h, {L.q, L.k, L.v}, {&lora(LoraTarget::kQ), &lora(LoraTarget::kK), &lora(LoraTarget::kV)},
                              train);
-    auto q = Rotate(qkv[0].view({B, T, c.num_attention_heads, c.head_dim}), T);
-    auto k = Rotate(qkv[1].view({B, T, c.num_key_value_heads, c.head_dim}), T);
+    auto q = Rotate(qkv[0].view({B, T, c.num_attention_heads, c.head_dim}), T, layout);
+    auto k = Rotate(qkv[1].view({B, T, c.num_key_value_heads, c.head_dim}), T, layout);
     auto v = qkv[2].view({B, T, c.num_key_value_heads, c.head_dim}).transpose(1, 2);
-    auto a = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/T > 1,
-                                              scale, /*enable_gqa=*/c.num_key_value_heads != c.num_attention_heads);
+    // Packed rows: the block-diagonal causal mask (SDPA's memory-efficient or math kernel);
+    // otherwise the causal flag (flash attention where available).
+    auto a = layout.packed()
+                 ? at::scaled_dot_product_attention(q, k, v, layout.mask, /*dropout_p=*/0.0, /*is_causal=*/false, scale,
+                                                    /*enable_gqa=*/c.num_key_value_heads != c.num_attention_heads)
+                 : at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/T > 1,
+                                                    scale, /*enable_gqa=*/c.num_key_value_heads != c.num_attention_heads);
     a = a.transpose(1, 2).reshape({B, T, c.num_attention_heads * c.head_dim});
     x = x + ProjectShared(a, {L.o}, {&lora(LoraTarget::kO)}, train)[0];
     h = Norm(x, L.post_norm);
@@ -332,32 +359,54 @@ torch::Tensor LlamaModel::Hidden(const torch::Tensor& ids, bool train) {
   return Norm(x, final_norm_);
 }
 
-torch::Tensor LlamaModel::Logits(const torch::Tensor& ids) { return torch::linear(Hidden(ids, /*train=*/false), lm_head_); }
+torch::Tensor LlamaModel::Logits(const torch::Tensor& ids, const PackedLayout& layout) {
+  return torch::linear(Hidden(ids, /*train=*/false, layout), lm_head_);
+}
 
-torch::Tensor LlamaModel::LossSum(const torch::Tensor& ids, const torch::Tensor& labels) {
+torch::Tensor LlamaModel::LossSum(const torch::Tensor& ids, const torch::Tensor& labels, const PackedLayout& layout) {
   const auto flat_labels = labels.reshape({-1});
   if (kernels_[KernelOp::kLinearCrossEntropy]) {
     auto one = torch::ones({}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
-    auto h = Hidden(ids, /*train=*/true).reshape({-1, config_.hidden_size});
+    auto h = Hidden(ids, /*train=*/true, layout).reshape({-1, config_.hidden_size});
     RECORD_USER_SCOPE("ftd::op::cross_entropy");
     return fused::LinearCrossEntropy(h, lm_head_, flat_labels, one, kIgnoreIndex);
   }
-  auto logits = torch::linear(Hidden(ids, /*train=*/true), lm_head_).view({-1, config_.vocab_size});
+  return CrossEntropySum(torch::linear(Hidden(ids, /*train=*/true, layout), lm_head_), flat_labels);
+}
+
+torch::Tensor LlamaModel::CrossEntropySum(const torch::Tensor& logits, const torch::Tensor& flat_labels) const {
+  auto flat = logits.view({-1, config_.vocab_size});
   RECORD_USER_SCOPE("ftd::op::cross_entropy");
   // The fused kernel reads the logits in the model dtype: no fp32 copy, no softmax tensor.
-  if (kernels_[KernelOp::kCrossEntropy]) return fused::CrossEntropySum(logits, flat_labels, kIgnoreIndex);
+  if (kernels_[KernelOp::kCrossEntropy]) return fused::CrossEntropySum(flat, flat_labels, kIgnoreIndex);
   return torch::nn::functional::cross_entropy(
-      logits.to(torch::kFloat), flat_labels,
+      flat.to(torch::kFloat), flat_labels,
       torch::nn::functional::CrossEntropyFuncOptions().ignore_index(kIgnoreIndex).reduction(torch::kSum));
 }
 
-torch::Tensor LlamaModel::LossMean(const torch::Tensor& ids, const torch::Tensor& labels, const torch::Tensor& count) {
+torch::Tensor LlamaModel::EvalLossSum(const torch::Tensor& ids, const torch::Tensor& labels,
+                                      const PackedLayout& layout) {
+  torch::NoGradGuard no_grad;
+  const int64_t B = ids.size(0);
+  auto total = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
+  // A row at a time: the logits of one row, not of the batch, are alive at once.
+  for (int64_t b = 0; b < B; ++b) {
+    PackedLayout row;
+    if (layout.packed()) row = {layout.positions.slice(0, b, b + 1), layout.mask.slice(0, b, b + 1)};
+    auto h = Hidden(ids.slice(0, b, b + 1), /*train=*/false, row);
+    total += CrossEntropySum(torch::linear(h, lm_head_), labels.slice(0, b, b + 1).reshape({-1}));
+  }
+  return total;
+}
+
+torch::Tensor LlamaModel::LossMean(const torch::Tensor& ids, const torch::Tensor& labels, const torch::Tensor& count,
+                                   const PackedLayout& layout) {
   if (kernels_[KernelOp::kLinearCrossEntropy]) {
-    auto h = Hidden(ids, /*train=*/true).reshape({-1, config_.hidden_size});
+    auto h = Hidden(ids, /*train=*/true, layout).reshape({-1, config_.hidden_size});
     RECORD_USER_SCOPE("ftd::op::cross_entropy");
     return fused::LinearCrossEntropy(h, lm_head_, labels.reshape({-1}), count.reciprocal(), kIgnoreIndex);
   }
-  return LossSum(ids, labels) / count;
+  return LossSum(ids, labels, layout) / count;
 }
 
 double LlamaModel::TrainingFlopsPerToken(int64_t seq_len) const {

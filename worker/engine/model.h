@@ -18,6 +18,16 @@ namespace ftd::engine {
 
 inline constexpr int64_t kIgnoreIndex = -100;
 
+// Several documents packed in one row: each attends only to itself. Both undefined: one document
+// per row, positions 0..T-1 and the plain causal mask.
+struct PackedLayout {
+  torch::Tensor positions;  // [B, T] int64: position within the token's document
+  torch::Tensor mask;       // [B, 1, T, T] bool: true where query t may attend to key s
+  bool packed() const { return positions.defined(); }
+  // From per-position document indices within each row ([B, T] int64, on the model's device).
+  static PackedLayout FromSegments(const torch::Tensor& positions, const torch::Tensor& segments);
+};
+
 class LlamaModel {
  public:
   // Random init as HF does: linear and embedding weights ~ N(0, initializer_range), norms = 1.
@@ -56,14 +66,17 @@ class LlamaModel {
   absl::Status SaveMerged(const std::string& dir, ProgressMeter* progress = nullptr) const;
 
   // ids: [B, T] int64 -> logits [B, T, V] in the model's dtype.
-  torch::Tensor Logits(const torch::Tensor& ids);
+  torch::Tensor Logits(const torch::Tensor& ids, const PackedLayout& layout = {});
   // Sum over non-ignored positions of the next-token cross-entropy (fp32 scalar). labels: [B, T]
   // int64, already shifted (labels[b, t] is the target after ids[b, t]); kIgnoreIndex skipped.
-  torch::Tensor LossSum(const torch::Tensor& ids, const torch::Tensor& labels);
+  torch::Tensor LossSum(const torch::Tensor& ids, const torch::Tensor& labels, const PackedLayout& layout = {});
+  // LossSum without autograd and without dropout: the held-out loss.
+  torch::Tensor EvalLossSum(const torch::Tensor& ids, const torch::Tensor& labels, const PackedLayout& layout = {});
   // LossSum / count, with count an fp32 scalar tensor on the model's device (the step's non-ignored
   // tokens). The fused linear cross-entropy computes its gradients in the forward pass and needs the
   // 1/count weight up front.
-  torch::Tensor LossMean(const torch::Tensor& ids, const torch::Tensor& labels, const torch::Tensor& count);
+  torch::Tensor LossMean(const torch::Tensor& ids, const torch::Tensor& labels, const torch::Tensor& count,
+                         const PackedLayout& layout = {});
 
   // Which ops run ftd's fused CUDA kernels (default: none, LibTorch's composite ops).
   void SetKernels(const KernelChoice& k) { kernels_ = k; }
@@ -82,9 +95,11 @@ class LlamaModel {
   void Register(const std::string& name, torch::Tensor t);
   std::pair<torch::Tensor, torch::Tensor> RopeCosSin(int64_t seq_len);
   torch::Tensor Norm(const torch::Tensor& x, const torch::Tensor& w) const;
-  torch::Tensor Rotate(const torch::Tensor& x_bthd, int64_t seq_len);  // -> [B, H, T, D]
+  torch::Tensor Rotate(const torch::Tensor& x_bthd, int64_t seq_len, const PackedLayout& layout);  // -> [B, H, T, D]
   torch::Tensor SwiGlu(const torch::Tensor& gate, const torch::Tensor& up) const;
-  torch::Tensor Hidden(const torch::Tensor& ids, bool train);
+  // Sum of the cross-entropy over non-ignored labels; logits [..., V] in the model dtype.
+  torch::Tensor CrossEntropySum(const torch::Tensor& logits, const torch::Tensor& flat_labels) const;
+  torch::Tensor Hidden(const torch::Tensor& ids, bool train, const PackedLayout& layout);
   // x W^T for one of a layer's projections, plus its adapter's term with LoRA.
   torch::Tensor Project(const torch::Tensor& x, const torch::Tensor& w, const LoraAdapter& ad, bool train) const;
   // Several projections of one input (q/k/v, gate/up): with the fused lora op, every adapted one in

@@ -24,14 +24,18 @@ TEST(TokenData, WindowsInFileOrderWithoutShuffle) {
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_EQ((*d)->num_windows(), 10);
   EXPECT_EQ((*d)->batches_per_epoch(), 5);
-  std::vector<int64_t> b;
-  ASSERT_TRUE((*d)->Batch(1, &b).ok());  // windows 2 and 3
-  ASSERT_EQ(b.size(), 20u);
-  EXPECT_EQ(b[0], 20);
-  EXPECT_EQ(b[10], 30);
-  EXPECT_EQ(b[19], 39);
-  ASSERT_TRUE((*d)->Batch(6, &b).ok());  // epoch 1 wraps to windows 2, 3
-  EXPECT_EQ(b[0], 20);
+  MicroBatch b;
+  (*d)->Batch(1, &b);  // windows 2 and 3
+  ASSERT_EQ(b.input_ids.size(), 18u);
+  EXPECT_EQ(b.input_ids[0], 20);
+  EXPECT_EQ(b.labels[0], 21);
+  EXPECT_EQ(b.input_ids[9], 30);
+  EXPECT_EQ(b.labels[17], 39);
+  EXPECT_EQ(b.positions[17], 8);
+  EXPECT_FALSE(b.multi_document);
+  EXPECT_EQ(b.loss_tokens, 18);
+  (*d)->Batch(6, &b);  // epoch 1 wraps to windows 2, 3
+  EXPECT_EQ(b.input_ids[0], 20);
 }
 
 TEST(TokenData, ShuffleIsASeededPermutation) {
@@ -43,12 +47,12 @@ TEST(TokenData, ShuffleIsASeededPermutation) {
   cfg.seed = 8;
   auto d3 = TokenData::Open(cfg, 15, 4, 64);
   ASSERT_TRUE(d1.ok() && d2.ok() && d3.ok());
-  std::vector<int64_t> a, b, c;
-  ASSERT_TRUE((*d1)->Batch(3, &a).ok());
-  ASSERT_TRUE((*d2)->Batch(3, &b).ok());
-  ASSERT_TRUE((*d3)->Batch(3, &c).ok());
-  EXPECT_EQ(a, b);
-  EXPECT_NE(a, c);
+  MicroBatch a, b, c;
+  (*d1)->Batch(3, &a);
+  (*d2)->Batch(3, &b);
+  (*d3)->Batch(3, &c);
+  EXPECT_EQ(a.input_ids, b.input_ids);
+  EXPECT_NE(a.input_ids, c.input_ids);
 }
 
 TEST(TokenData, RejectsIdsOutsideTheVocabAndShortFiles) {
@@ -58,17 +62,35 @@ TEST(TokenData, RejectsIdsOutsideTheVocabAndShortFiles) {
   { std::ofstream(dir / "t.bin", std::ios::binary).write(reinterpret_cast<const char*>(ids.data()), 128); }
   DataConfig cfg;
   cfg.path = (dir / "t.bin").string();
+  // Refused at open, before any batch: the id, where it is and the vocab size.
   auto d = TokenData::Open(cfg, 7, 2, 100);
-  ASSERT_TRUE(d.ok());
-  std::vector<int64_t> b;
-  EXPECT_TRUE((*d)->Batch(0, &b).ok());
-  auto s = (*d)->Batch(2, &b);  // windows 4, 5 hold token 40
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("vocab_size 100"), absl::string_view::npos) << s;
-  auto small = TokenData::Open(cfg, 63, 2, 100);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(d.status().message().find("token 40 of"), absl::string_view::npos) << d.status();
+  EXPECT_NE(d.status().message().find("is id 500, outside the model's vocab_size 100"), absl::string_view::npos)
+      << d.status();
+  EXPECT_TRUE(TokenData::Open(cfg, 7, 2, 501).ok());
+  auto small = TokenData::Open(cfg, 63, 2, 501);
   EXPECT_NE(small.status().message().find("batch_size"), absl::string_view::npos) << small.status();
   cfg.path = (dir / "missing.bin").string();
   EXPECT_NE(TokenData::Open(cfg, 7, 2, 100).status().message().find("spec.data.path"), absl::string_view::npos);
+}
+
+TEST(PreparedCorpus, RoundTripsAndRefusesInconsistentEntries) {
+  const fs::path dir = TempDir();
+  data::Corpus c;
+  c.ids = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+  c.loss = {0, 0, 1, 1, 1, 0, 1, 1, 0, 1, 1, 1};
+  c.docs = {0, 5, 8, 12};
+  c.lines = 3;
+  ASSERT_TRUE(data::WriteCorpus((dir / "entry").string(), c).ok());
+  auto read = data::ReadCorpus((dir / "entry").string());
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->ids, c.ids);
+  EXPECT_EQ(read->loss, c.loss);
+  EXPECT_EQ(read->docs, c.docs);
+  EXPECT_EQ(read->lines, 3u);
+  std::ofstream(dir / "entry" / "loss.u8", std::ios::binary).write("\1\1", 2);  // fewer flags than ids
+  EXPECT_EQ(data::ReadCorpus((dir / "entry").string()).status().code(), absl::StatusCode::kDataLoss);
 }
 
 TEST(TokenData, EmbeddedArithmeticIsWellFormed) {

@@ -136,9 +136,21 @@ RunSummary Run(const TrainConfig& cfg, const RunHooks& hooks) {
   if (cfg.lora.enabled) {
     if (auto s = model.EnableLora(cfg.lora, cfg.seed); !s.ok()) return fail(Outcome::kInvalidSpec, std::string(s.message()));
   }
-  auto data_or = TokenData::Open(cfg.data, cfg.seq_len, cfg.batch_size, mc->vocab_size, hooks.on_progress);
+  DataConfig data_cfg = cfg.data;
+  if (data_cfg.tokenizer_path.empty()) data_cfg.tokenizer_path = cfg.model.weights_path;
+  auto data_or = TokenData::Open(data_cfg, cfg.seq_len, cfg.batch_size, mc->vocab_size, hooks.on_progress);
   if (!data_or.ok()) return fail(Outcome::kInvalidSpec, std::string(data_or.status().message()));
   TokenData& data = **data_or;
+  log(absl::StrCat("data: ", data.summary(), "; ", data.num_rows(), " training rows"));
+  std::unique_ptr<TokenData> eval_data;
+  if (cfg.data.has_eval()) {
+    auto e = TokenData::Open(data_cfg, cfg.seq_len, cfg.batch_size, mc->vocab_size, hooks.on_progress,
+                             TokenData::Split::kEval);
+    if (!e.ok()) return fail(Outcome::kInvalidSpec, std::string(e.status().message()));
+    eval_data = *std::move(e);
+    log(absl::StrCat("held-out data: ", cfg.data.eval_path.empty() ? "a seeded fraction of the rows" : eval_data->summary(),
+                     "; ", eval_data->num_rows(), " rows"));
+  }
   AdamW opt(model.trainable_parameters(), cfg.optimizer, cfg.fp32_master_weights, kernels[KernelOp::kAdamW]);
 
   TrainerState state;
@@ -175,8 +187,35 @@ RunSummary Run(const TrainConfig& cfg, const RunHooks& hooks) {
   const double peak = cfg.peak_flops.value_or(PeakFlops(device));
   const double flops_per_token = model.TrainingFlopsPerToken(cfg.seq_len);
   const int64_t tokens_per_step = static_cast<int64_t>(cfg.batch_size) * cfg.seq_len * cfg.grad_accum_steps;
-  std::vector<int64_t> host;
+  MicroBatch host;
   sum.steps_done = state.step;
+  // A micro-batch on the device: inputs, shifted labels (-100 where masked) and, for rows holding
+  // several documents, their positions and block-diagonal mask.
+  struct DeviceBatch {
+    torch::Tensor ids, labels;
+    PackedLayout layout;
+  };
+  auto upload = [&](MicroBatch& mb) {
+    auto as_tensor = [&](std::vector<int64_t>& v) {
+      return torch::from_blob(v.data(), {mb.rows, mb.seq}, torch::kInt64).clone().to(device);
+    };
+    DeviceBatch d{as_tensor(mb.input_ids), as_tensor(mb.labels), {}};
+    if (mb.multi_document) d.layout = PackedLayout::FromSegments(as_tensor(mb.positions), as_tensor(mb.segments));
+    return d;
+  };
+  // The mean masked loss over every held-out row.
+  auto evaluate = [&]() -> double {
+    torch::Tensor total = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device));
+    int64_t count = 0;
+    MicroBatch eb;
+    for (int64_t first = 0; first < eval_data->num_rows(); first += cfg.batch_size) {
+      eval_data->Rows(first, std::min<int64_t>(cfg.batch_size, eval_data->num_rows() - first), &eb);
+      count += eb.loss_tokens;
+      auto d = upload(eb);
+      total += model.EvalLossSum(d.ids, d.labels, d.layout).to(torch::kDouble);
+    }
+    return total.item<double>() / static_cast<double>(std::max<int64_t>(count, 1));
+  };
 
   // The last step's checkpoint also holds the merged model when spec.lora.merge asks for it.
   auto checkpoint = [&]() -> absl::Status {
@@ -232,25 +271,24 @@ RunSummary Run(const TrainConfig& cfg, const RunHooks& hooks) {
     const auto t0 = std::chrono::steady_clock::now();
     if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
     // Fetch every micro-batch first: the loss is normalised by the step's non-ignored tokens.
-    std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;
+    std::vector<DeviceBatch> batches;
+    int64_t real_tokens = 0, loss_tokens = 0;
     for (int32_t a = 0; a < cfg.grad_accum_steps; ++a) {
-      if (auto s = data.Batch(state.micro_batches + a, &host); !s.ok()) {
-        return fail(Outcome::kInvalidSpec, std::string(s.message()));
-      }
-      auto cpu = torch::from_blob(host.data(), {cfg.batch_size, cfg.seq_len + 1}, torch::kInt64).clone();
-      auto dev = cpu.to(device);
-      batches.emplace_back(dev.slice(1, 0, cfg.seq_len), dev.slice(1, 1));
+      data.Batch(state.micro_batches + a, &host);
+      real_tokens += host.real_tokens;
+      loss_tokens += host.loss_tokens;
+      batches.push_back(upload(host));
     }
     mark(0);
-    torch::Tensor count = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(device));
-    for (auto& [ids, labels] : batches) count += labels.ne(kIgnoreIndex).sum().to(torch::kFloat);
-    count = count.clamp_min(1.0);
+    // The step's unmasked labels, counted on the host as the batches were built.
+    torch::Tensor count = torch::full({}, static_cast<double>(std::max<int64_t>(loss_tokens, 1)),
+                                      torch::TensorOptions().dtype(torch::kFloat).device(device));
     torch::Tensor loss_acc = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(device));
-    for (auto& [ids, labels] : batches) {
+    for (auto& b : batches) {
       torch::Tensor loss;
       {
         RECORD_USER_SCOPE(kPhaseForward);
-        loss = model.LossMean(ids, labels, count);
+        loss = model.LossMean(b.ids, b.labels, count, b.layout);
       }
       {
         RECORD_USER_SCOPE(kPhaseBackward);
@@ -306,6 +344,13 @@ RunSummary Run(const TrainConfig& cfg, const RunHooks& hooks) {
     m.tokens_total = state.tokens_total;
     m.step_time_s = dt;
     m.tokens_per_s = static_cast<double>(tokens_per_step) / dt;
+    m.real_tokens = real_tokens;
+    m.loss_tokens = loss_tokens;
+    if (eval_data &&
+        ((cfg.data.eval_every_steps > 0 && state.step % cfg.data.eval_every_steps == 0) || state.step == cfg.steps)) {
+      m.eval_loss = evaluate();
+      sum.final_eval_loss = m.eval_loss;
+    }
     if (device.is_cuda()) {
       const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
       const auto agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
@@ -328,7 +373,7 @@ RunSummary Run(const TrainConfig& cfg, const RunHooks& hooks) {
         m.gpu_memory_used_bytes = sample.memory_used_bytes;
       }
     }
-    if (hooks.on_step && (state.step % cfg.log_every == 0 || state.step == cfg.steps)) hooks.on_step(m);
+    if (hooks.on_step && (state.step % cfg.log_every == 0 || state.step == cfg.steps || m.eval_loss)) hooks.on_step(m);
     if (profile_from >= 0 && state.step == cfg.steps) {
       const double wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - profile_t0).count();
       const int profiled = static_cast<int>(cfg.steps - profile_from);

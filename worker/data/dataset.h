@@ -1,0 +1,82 @@
+// Datasets people have, as token streams with a loss mask: JSONL text, prompt/completion and chat,
+// tokenized with the model's own tokenizer (docs/data-format.md). Torch-free and protobuf-free.
+//
+// Every example becomes a document: its ids, and per id whether the loss counts the prediction of
+// that id (1) or not (0). A document's first id is never counted (nothing before it in the
+// document predicts it), so packed documents never learn across their boundary.
+//   text:              BOS? text EOS                      counted: text, EOS
+//   prompt_completion: BOS? prompt completion EOS         counted: completion, EOS
+//   chat:              BOS? (<|start_header_id|>ROLE<|end_header_id|>\n\n CONTENT<|eot_id|>)*
+//                      counted: CONTENT<|eot_id|> of assistant messages
+// BOS? is the tokenizer's post-processor template (text, prompt) or its bos_token (chat), as
+// transformers' apply_chat_template renders the LLaMA-3 template; CONTENT is the message's content
+// with leading and trailing whitespace removed (Jinja's trim).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/data/parallel_encode.h"
+#include "worker/data/tokenizer.h"
+
+namespace ftd::data {
+
+enum class JsonlKind { kText, kPromptCompletion, kChat };
+
+// The field names come from spec.data (spec/train_config.h holds their defaults).
+struct JsonlFormat {
+  JsonlKind kind = JsonlKind::kText;
+  std::string text_field, prompt_field, completion_field, messages_field, role_field, content_field;
+  bool skip_bad_lines = false;  // false: any malformed line fails the whole file
+
+  // "chat" and so on (data.format); an unknown name is an error.
+  static absl::StatusOr<JsonlKind> ParseKind(std::string_view format);
+  // What the tokenized result depends on besides the file and the tokenizer (the cache key).
+  std::string Describe() const;
+};
+
+// Tokenized documents: document d is ids[docs[d], docs[d + 1]).
+struct Corpus {
+  std::vector<uint32_t> ids;
+  std::vector<uint8_t> loss;        // per id: 1 = the loss counts predicting this id
+  std::vector<uint64_t> docs{0};
+  uint64_t lines = 0;               // lines read
+  uint64_t bad_line_count = 0;      // malformed lines skipped
+  std::string bad_lines_summary;    // DescribeBadLines of them (the first five), empty if none
+
+  size_t num_docs() const { return docs.size() - 1; }
+  uint64_t loss_tokens() const;
+};
+
+// The chat roles a message may have; loss is counted on "assistant" only.
+inline constexpr std::string_view kChatRoles[] = {"system", "user", "assistant", "tool", "ipython"};
+
+// The special tokens chat rendering needs, looked up once.
+struct ChatTokens {
+  uint32_t start_header = 0, end_header = 0, eot = 0;
+  static absl::StatusOr<ChatTokens> Find(const Tokenizer& tokenizer);
+};
+
+// Tokenizes a whole JSONL file (`contents`) in parallel, in line order. Malformed lines (blank,
+// not a JSON object, a missing or non-string field, an unknown role, an empty completion, a chat
+// without an assistant message) fail the call naming the first five with their line numbers, or
+// with skip_bad_lines are counted and left out. `source` names the file in messages.
+absl::StatusOr<Corpus> TokenizeJsonl(const Tokenizer& tokenizer, std::string_view contents,
+                                     const JsonlFormat& format, std::string_view source,
+                                     const ParallelOptions& options);
+
+// One line's document, appended to *ids / *loss; a malformed line returns InvalidArgument whose
+// message is the reason (no line number).
+absl::Status TokenizeJsonlLine(Encoder& encoder, std::string_view line, const JsonlFormat& format,
+                               const ChatTokens* chat, std::vector<uint32_t>* ids, std::vector<uint8_t>* loss);
+
+// The refusal of a file with malformed lines (on_bad_line "refuse"), from Corpus::bad_lines_summary.
+absl::Status BadLinesError(std::string_view summary);
+
+// Python's str.strip() of UTF-8 text (Jinja's trim): leading and trailing Unicode whitespace.
+std::string_view StripUnicodeSpace(std::string_view s);
+
+}  // namespace ftd::data
