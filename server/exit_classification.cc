@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace ftd::server {
 
@@ -24,6 +25,11 @@ const ReasonInfo& Info(Reason r) {
 
 namespace {
 
+std::string Bytes(int64_t b) {
+  const double d = static_cast<double>(b);
+  return d >= (1 << 30) ? absl::StrFormat("%.1f GiB", d / (1 << 30)) : absl::StrFormat("%.0f MiB", d / (1 << 20));
+}
+
 bool Matches(const ExitRule& rule, const WorkerEnd& end) {
   switch (rule.asked) {
     case Asked::kAny: break;
@@ -37,6 +43,7 @@ bool Matches(const ExitRule& rule, const WorkerEnd& end) {
     case Ended::kAny: return true;
     case Ended::kExitZero: return end.started && !end.exit.signaled && end.exit.code == 0;
     case Ended::kSignal: return end.started && end.exit.signaled;
+    case Ended::kOomKilled: return end.started && end.exit.oom_killed;
     case Ended::kNotStarted: return !end.started;
   }
   return false;
@@ -76,6 +83,14 @@ Verdict Classify(const WorkerEnd& end, int attempt, double heartbeat_timeout_s) 
     case Reason::kLostHeartbeat:
       v.message = absl::StrCat("no message from the worker for ", heartbeat_timeout_s,
                                "s; its process group was killed");
+      break;
+    case Reason::kHostOutOfMemory:
+      v.message = absl::StrCat("the kernel's OOM killer killed the worker (", how, "): ",
+                               end.exit.memory_limit_bytes > 0
+                                   ? absl::StrCat("it reached its memory limit of ", Bytes(end.exit.memory_limit_bytes),
+                                                  " (peak ", Bytes(end.exit.memory_peak_bytes), ")")
+                                   : std::string("the host ran out of memory"),
+                               "; lower spec.batch_size or spec.seq_len (ftd's --worker-memory-max sets the limit)");
       break;
     case Reason::kKilledBySignal:
       v.message = absl::StrCat("worker ", how);

@@ -26,6 +26,7 @@ enum class Reason {
   kCancelled,
   kInvalidSpec,
   kGpuOutOfMemory,
+  kHostOutOfMemory,
   kNonFinite,
   kWorkerError,
   kKilledBySignal,
@@ -54,6 +55,7 @@ inline constexpr ReasonInfo kReasons[] = {
     {Reason::kCancelled, "CANCELLED", ftd::v1::CANCELLED, Retry::kNever},
     {Reason::kInvalidSpec, "INVALID_SPEC", ftd::v1::FAILED, Retry::kNever},
     {Reason::kGpuOutOfMemory, "GPU_OUT_OF_MEMORY", ftd::v1::FAILED, Retry::kNever},
+    {Reason::kHostOutOfMemory, "HOST_OUT_OF_MEMORY", ftd::v1::FAILED, Retry::kNever},
     {Reason::kNonFinite, "NON_FINITE", ftd::v1::FAILED, Retry::kNever},
     {Reason::kWorkerError, "WORKER_ERROR", ftd::v1::FAILED, Retry::kNever},
     {Reason::kKilledBySignal, "KILLED_BY_SIGNAL", ftd::v1::FAILED, Retry::kWhileAttemptsLeft},
@@ -69,7 +71,7 @@ const ReasonInfo& Info(Reason r);
 // What the daemon had asked of the worker or found out about it before it ended.
 enum class Asked { kAny, kDrain, kCancel, kHeartbeatLost };
 // How the worker's process ended.
-enum class Ended { kAny, kExitZero, kSignal, kNotStarted };
+enum class Ended { kAny, kExitZero, kSignal, kOomKilled, kNotStarted };
 // What the worker reported: a RunResult outcome, or one of these.
 inline constexpr int kAnyReport = -1;
 inline constexpr int kNoReport = ftd::v1::RunResult::OUTCOME_UNSPECIFIED;
@@ -91,6 +93,7 @@ inline constexpr ExitRule kExitRules[] = {
     {Asked::kAny,           ftd::v1::RunResult::INVALID_SPEC,      Ended::kAny,          Reason::kInvalidSpec},
     {Asked::kAny,           ftd::v1::RunResult::NON_FINITE,        Ended::kAny,          Reason::kNonFinite},
     {Asked::kAny,           ftd::v1::RunResult::FAILED,            Ended::kAny,          Reason::kWorkerError},
+    {Asked::kAny,           kAnyReport,                            Ended::kOomKilled,    Reason::kHostOutOfMemory},
     {Asked::kHeartbeatLost, kAnyReport,                            Ended::kAny,          Reason::kLostHeartbeat},
     {Asked::kAny,           kAnyReport,                            Ended::kSignal,       Reason::kKilledBySignal},
     {Asked::kAny,           kAnyReport,                            Ended::kNotStarted,   Reason::kSpawnFailed},

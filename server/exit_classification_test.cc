@@ -129,7 +129,7 @@ TEST(ExitClassification, MetricsLabelSetsComeFromTheTable) {
   }
   EXPECT_EQ(completions, want_completions);
   EXPECT_EQ(retries, want_retries);
-  EXPECT_EQ(want_completions.size(), 11u);
+  EXPECT_EQ(want_completions.size(), 12u);
 }
 
 // docs/api.md's reason table lists every reason with the same retry rule.

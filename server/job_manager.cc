@@ -7,6 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "server/job_events.h"
+#include "server/memory_fit.h"
+#include "server/request_limits.h"
 #include "server/request_match.h"
 #include "server/scheduling_policy.h"
 #include "spec/spec.h"
@@ -237,7 +239,7 @@ absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::Submit(const ftd::v1::Sub
     std::lock_guard<std::mutex> l(mu_);
     if (draining_) return absl::UnavailableError("ftd is shutting down; submit again once it is back");
   }
-  if (req.name().size() > 200) return absl::InvalidArgumentError("name must be at most 200 characters");
+  if (auto st = CheckRequestStrings(req); !st.ok()) return st;
   if (req.request_id().size() > 128) return absl::InvalidArgumentError("request_id must be at most 128 characters");
   if (req.priority() < -1000 || req.priority() > 1000) {
     return absl::InvalidArgumentError(absl::StrCat("priority must be in [-1000, 1000] (got ", req.priority(), ")"));
@@ -263,6 +265,10 @@ absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::Submit(const ftd::v1::Sub
     return absl::InvalidArgumentError(absl::StrCat("spec.device is \"", config->device,
                                                    "\": ftd assigns each job one GPU, which the job sees as "
                                                    "cuda:0; use \"auto\" or \"cuda\""));
+  }
+  const bool gpu = cfg_.gpus > 0 && config->device != "cpu";
+  if (auto model = ModelShape(*config, gpu); model.has_value()) {
+    if (auto st = CheckMemoryFit(*model, *config, gpu, cfg_.memory); !st.ok()) return st;
   }
   Job job;
   job.set_name(req.name());
@@ -564,7 +570,10 @@ absl::StatusOr<bool> JobManager::OnWorkerMessage(const ftd::v1::WorkerMessage& m
                                                     " is not the one ftd is running"));
   }
   a->last_seen_ms = clock_->SteadyMs();
-  if (msg.has_result()) a->result = msg.result();
+  if (msg.has_result()) {
+    a->result = msg.result();
+    a->result->set_message(Clip(a->result->message(), kMaxWorkerText));
+  }
   if (msg.has_step() || msg.has_log() || msg.has_profile()) {
     JobEvent e;
     if (msg.has_step()) {
@@ -574,7 +583,7 @@ absl::StatusOr<bool> JobManager::OnWorkerMessage(const ftd::v1::WorkerMessage& m
       *e.mutable_profile() = msg.profile();
       metrics_->Profile(a->kernel_set, msg.profile());
     } else {
-      e.set_log(msg.log());
+      e.set_log(Clip(msg.log(), kMaxWorkerText));
     }
     if (auto st = store_->AppendEvent(hello.job_id(), e, clock_->UnixMs()); !st.ok()) return st;
     hub_.Publish(hello.job_id());

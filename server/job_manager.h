@@ -31,6 +31,7 @@
 #include "server/event_hub.h"
 #include "server/exit_classification.h"
 #include "server/job_queue.h"
+#include "server/memory_fit.h"
 #include "server/metrics.h"
 #include "server/store.h"
 #include "server/worker_launcher.h"
@@ -48,6 +49,7 @@ struct ManagerConfig {
   int backoff_max_ms = 60000;
   bool requeue_on_restart = true;       // policy for jobs found RUNNING at start (docs/api.md)
   bool paused = false;                  // accept and store jobs, start none (maintenance)
+  MachineMemory memory;                 // what a worker may use: the bound at submit (memory_fit.h)
 };
 
 class JobManager {

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "absl/strings/ascii.h"
+#include "server/request_limits.h"
 
 namespace ftd::server {
 namespace {
@@ -824,6 +825,82 @@ TEST_F(JobManagerTest, StepCountersCountEveryStepWhenReportsAreSparse) {
   EXPECT_EQ(Counter("ftd_worker_steps_total", {{"slot", "cpu"}, {"kernel_set", "eager"}}), 10);
   EXPECT_EQ(Counter("ftd_worker_tokens_total", {{"slot", "cpu"}, {"kernel_set", "eager"}}), 10 * 128);
   (void)m;
+}
+
+// A 3.9 MB path once made an 11.98 MB job record and 24 MB of events (every message quoted it).
+TEST_F(JobManagerTest, AHugeStringIsRefusedAtSubmitAndWorkerTextIsClipped) {
+  auto& m = Make();
+  ftd::v1::SubmitJobRequest req;
+  req.mutable_spec()->mutable_model()->set_preset("tiny");
+  req.mutable_spec()->set_device("cpu");
+  req.mutable_spec()->mutable_data()->set_path("/" + std::string(3'900'000, 'x'));
+  auto r = m.Submit(req);
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_EQ(r.status().message().substr(0, 15), "spec.data.path ");
+  EXPECT_LT(r.status().message().size(), 400u);
+  req.mutable_spec()->mutable_data()->clear_path();
+  req.set_owner("bad\xff");
+  EXPECT_EQ(m.Submit(req).status().code(), absl::StatusCode::kInvalidArgument);
+
+  const std::string id = Submit("clip");
+  const LaunchRequest l = StartNext();
+  ftd::v1::WorkerMessage log;
+  log.set_log(std::string(1'000'000, 'l'));
+  ASSERT_TRUE(Send(l, log).ok());
+  ASSERT_TRUE(Report(l, RunResult::FAILED, "cannot open " + std::string(2'000'000, 'p') + ": not found").ok());
+  launcher_->Exit(l, Exited(1));
+  const Job j = Get(id);
+  EXPECT_EQ(j.state(), ftd::v1::FAILED);
+  EXPECT_LT(j.ByteSizeLong(), 3 * kMaxWorkerText);
+  EXPECT_NE(j.message().find(": not found"), std::string::npos) << "the end of the error is kept";
+  size_t events = 0;
+  for (const auto& e : EventLog(id)) events += e.ByteSizeLong();
+  EXPECT_LT(events, 10 * kMaxWorkerText);
+}
+
+// An OOM-killed worker used to be KILLED_BY_SIGNAL and retried, drawing on the host's memory again.
+TEST_F(JobManagerTest, AWorkerTheOomKillerKilledIsOutOfMemoryAndNotRetried) {
+  auto& m = Make();
+  const std::string id = Submit("oom", 0, 3);
+  const LaunchRequest l = StartNext();
+  ExitStatus st = Signaled(SIGKILL);
+  st.oom_killed = true;
+  st.memory_limit_bytes = int64_t{64} << 20;
+  st.memory_peak_bytes = int64_t{64} << 20;
+  launcher_->Exit(l, st);
+  const Job j = Get(id);
+  EXPECT_EQ(j.state(), ftd::v1::FAILED);
+  EXPECT_EQ(j.reason(), "HOST_OUT_OF_MEMORY");
+  EXPECT_EQ(j.attempt(), 1);
+  EXPECT_NE(j.message().find("memory limit of 64 MiB"), std::string::npos) << j.message();
+  EXPECT_NE(j.message().find("spec.batch_size"), std::string::npos) << j.message();
+  m.Tick();
+  EXPECT_EQ(launcher_->Launches(), 1u);
+  // The same SIGKILL without the OOM killer's mark is still an infrastructure failure.
+  const std::string other = Submit("killed", 0, 3);
+  launcher_->Exit(StartNext(), Signaled(SIGKILL));
+  EXPECT_EQ(Get(other).reason(), "KILLED_BY_SIGNAL");
+  EXPECT_EQ(Get(other).state(), ftd::v1::QUEUED);
+}
+
+// batch_size=20000 with seq_len=2048, or batch_size=1e9, once passed submission and died later.
+TEST_F(JobManagerTest, AJobThatCannotFitTheMachineIsRefusedAtSubmit) {
+  cfg_.memory = {int64_t{16} << 30, 0};
+  auto& m = Make();
+  ftd::v1::SubmitJobRequest req;
+  req.mutable_spec()->mutable_model()->set_preset("tiny");
+  req.mutable_spec()->set_device("cpu");
+  for (auto [batch, seq] : {std::pair{20000, 2048}, std::pair{1'000'000'000, 128}}) {
+    req.mutable_spec()->set_batch_size(batch);
+    req.mutable_spec()->set_seq_len(seq);
+    auto r = m.Submit(req);
+    ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    EXPECT_EQ(r.status().message().substr(0, 16), "spec.batch_size:") << r.status();
+    EXPECT_NE(r.status().message().find("16.0 GiB"), std::string::npos) << r.status();
+  }
+  req.mutable_spec()->set_batch_size(8);
+  req.mutable_spec()->set_seq_len(128);
+  EXPECT_TRUE(m.Submit(req).ok());
 }
 
 TEST_F(JobManagerTest, StateGaugeFollowsTransitions) {

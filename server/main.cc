@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <cstdlib>
@@ -18,9 +19,11 @@
 
 #include "CLI/CLI.hpp"
 #include "server/job_manager.h"
+#include "server/memory_fit.h"
 #include "server/metrics.h"
 #include "server/service.h"
 #include "server/store.h"
+#include "server/worker_cgroups.h"
 #include "server/worker_launcher.h"
 
 namespace fs = std::filesystem;
@@ -31,6 +34,18 @@ int DetectGpus() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
   return n;
+}
+
+// The smallest memory of the first `gpus` GPUs (a job may get any of them); 0 if unknown.
+int64_t GpuMemoryBytes(int gpus) {
+  int64_t least = 0;
+  for (int i = 0; i < gpus; ++i) {
+    cudaDeviceProp p{};
+    if (cudaGetDeviceProperties(&p, i) != cudaSuccess) return 0;
+    const auto total = static_cast<int64_t>(p.totalGlobalMem);
+    least = least == 0 ? total : std::min(least, total);
+  }
+  return least;
 }
 
 std::string DefaultWorkerBinary() {
@@ -76,6 +91,15 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"requeue", "fail"}))->capture_default_str();
   bool paused = false;
   app.add_flag("--paused", paused, "accept and store jobs but start none (maintenance)");
+  std::string worker_cgroup = "auto";
+  int64_t worker_memory_max = 0;
+  app.add_option("--worker-cgroup", worker_cgroup,
+                 "parent cgroup of the workers' memory-limited cgroups: auto (under ftd's own, where it can), off, "
+                 "or a directory in a cgroup v2 or v1 memory hierarchy")
+      ->capture_default_str();
+  app.add_option("--worker-memory-max", worker_memory_max,
+                 "memory limit of each worker's cgroup, and the bound on CPU jobs at submit (e.g. 16GiB; 0: 90% of RAM)")
+      ->transform(CLI::AsSizeValue(false));
   CLI11_PARSE(app, argc, argv);
 
   // Signals go to one thread (sigwait below); every other thread, and gRPC's, have them blocked.
@@ -113,7 +137,23 @@ int main(int argc, char** argv) {
   mc.data_dir = data_dir;
   const std::string sock = (fs::path(data_dir) / "worker.sock").string();
   fs::remove(sock, ec);
-  ftd::server::ProcessLauncher launcher({worker, "unix:" + sock, (fs::path(data_dir) / "jobs").string()});
+  const int64_t ram = ftd::server::HostMemoryBytes();
+  const int64_t worker_limit = worker_memory_max > 0 ? worker_memory_max : ram / 10 * 9;
+  std::unique_ptr<ftd::server::WorkerCgroups> cgroups;
+  if (worker_cgroup != "off") {
+    auto cg = ftd::server::OpenWorkerCgroups(worker_cgroup, worker_limit);
+    if (cg.ok()) {
+      cgroups = std::move(*cg);
+    } else if (worker_cgroup != "auto") {
+      std::cerr << "ftd: --worker-cgroup " << worker_cgroup << ": " << cg.status().message() << "\n";
+      return 1;
+    } else {
+      std::cerr << "ftd: workers run without a memory limit (" << cg.status().message()
+                << "); an out-of-memory kill is told by its SIGKILL and /proc/vmstat (docs/api.md)" << std::endl;
+    }
+  }
+  ftd::server::ProcessLauncher launcher(
+      {worker, "unix:" + sock, (fs::path(data_dir) / "jobs").string(), cgroups.get()});
   ftd::server::RealClock clock;
   mc.gpus = gpus >= 0 ? gpus : DetectGpus();
   mc.max_queued = max_queued;
@@ -123,6 +163,7 @@ int main(int argc, char** argv) {
   mc.backoff_base_ms = static_cast<int>(backoff_s * 1000);
   mc.requeue_on_restart = restart_policy == "requeue";
   mc.paused = paused;
+  mc.memory = {cgroups != nullptr ? std::min(ram, worker_limit) : ram, GpuMemoryBytes(mc.gpus)};
   ftd::server::JobManager manager(mc, store->get(), &metrics, &launcher, &clock);
 
   std::atomic<bool> stopping{false};
@@ -156,7 +197,8 @@ int main(int argc, char** argv) {
   }
   std::cerr << "ftd: serving on " << listen << " (port " << port << "), metrics on "
             << (metrics_listen.empty() ? "(off)" : metrics_listen) << ", " << manager.slots() << " slot(s) ("
-            << (mc.gpus > 0 ? "GPU" : "CPU") << "), data in " << data_dir << std::endl;
+            << (mc.gpus > 0 ? "GPU" : "CPU") << "), data in " << data_dir << "; workers: "
+            << (cgroups != nullptr ? cgroups->Describe() : "no cgroup") << std::endl;
 
   int sig = 0;
   sigwait(&sigs, &sig);

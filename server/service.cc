@@ -2,8 +2,11 @@
 
 #include <exception>
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include "proto/grpc_status.h"
+#include "server/request_limits.h"
 
 namespace ftd::server {
 
@@ -30,14 +33,35 @@ absl::Status RequireId(const std::string& id) {
 
 }  // namespace
 
-grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext*, const ftd::v1::SubmitJobRequest* req,
-                                       ftd::v1::SubmitJobResponse* resp) {
-  return Guard([&] {
-    auto r = m_->Submit(*req);
-    if (!r.ok()) return ToGrpc(r.status());
-    *resp = std::move(*r);
-    return grpc::Status::OK;
-  });
+grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                                    grpc::ByteBuffer* out) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(Guard([&] {
+    std::vector<grpc::Slice> slices;
+    if (!in->Dump(&slices).ok()) return ToGrpc(absl::InvalidArgumentError("the request could not be read"));
+    std::string wire;
+    for (const auto& s : slices) wire.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    ftd::v1::SubmitJobRequest req;
+    if (!req.ParseFromString(wire)) {
+      const std::string field = FindInvalidUtf8(req.GetDescriptor(), wire);
+      return ToGrpc(absl::InvalidArgumentError(
+          field.empty() ? "the request is not a valid ftd.v1.SubmitJobRequest (malformed protobuf)"
+                        : field + " is not valid UTF-8; send text encoded as UTF-8"));
+    }
+    ftd::v1::SubmitJobResponse resp;
+    if (auto st = Submit(ctx, req, &resp); !st.ok()) return st;
+    bool own = false;
+    return grpc::SerializationTraits<ftd::v1::SubmitJobResponse>::Serialize(resp, out, &own);
+  }));
+  return reactor;
+}
+
+grpc::Status JobServiceImpl::Submit(grpc::ServerContextBase*, const ftd::v1::SubmitJobRequest& req,
+                                    ftd::v1::SubmitJobResponse* resp) {
+  auto r = m_->Submit(req);
+  if (!r.ok()) return ToGrpc(r.status());
+  *resp = std::move(*r);
+  return grpc::Status::OK;
 }
 
 grpc::Status JobServiceImpl::GetJob(grpc::ServerContext*, const ftd::v1::GetJobRequest* req, ftd::v1::Job* resp) {

@@ -13,10 +13,15 @@
 
 namespace ftd::server {
 
-class JobServiceImpl final : public ftd::v1::JobService::Service {
+// SubmitJob takes the request's bytes and parses them itself, so that a string field holding
+// invalid UTF-8 is refused with INVALID_ARGUMENT naming the field (gRPC's own parse would answer a
+// bare INTERNAL); the other methods are plain synchronous handlers.
+class JobServiceImpl final
+    : public ftd::v1::JobService::WithRawCallbackMethod_SubmitJob<ftd::v1::JobService::Service> {
  public:
   JobServiceImpl(JobManager* m, const std::atomic<bool>* stopping) : m_(m), stopping_(stopping) {}
-  grpc::Status SubmitJob(grpc::ServerContext*, const ftd::v1::SubmitJobRequest*, ftd::v1::SubmitJobResponse*) override;
+  grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext*, const grpc::ByteBuffer*,
+                                      grpc::ByteBuffer*) override;
   grpc::Status GetJob(grpc::ServerContext*, const ftd::v1::GetJobRequest*, ftd::v1::Job*) override;
   grpc::Status ListJobs(grpc::ServerContext*, const ftd::v1::ListJobsRequest*, ftd::v1::ListJobsResponse*) override;
   grpc::Status CancelJob(grpc::ServerContext*, const ftd::v1::CancelJobRequest*, ftd::v1::Job*) override;
@@ -26,6 +31,8 @@ class JobServiceImpl final : public ftd::v1::JobService::Service {
                         grpc::ServerWriter<ftd::v1::TraceChunk>*) override;
 
  private:
+  grpc::Status Submit(grpc::ServerContextBase* ctx, const ftd::v1::SubmitJobRequest& req,
+                      ftd::v1::SubmitJobResponse* resp);
   JobManager* m_;
   const std::atomic<bool>* stopping_;
 };

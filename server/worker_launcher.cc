@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -36,9 +37,19 @@ absl::StatusOr<int64_t> ProcessLauncher::Launch(const LaunchRequest& req) {
   s.env.emplace_back("FTD_SLOT", req.slot);
   // Held across the spawn so that an immediate exit is not reported before the pid is known.
   std::lock_guard<std::mutex> l(mu_);
+  Running r{req.job_id, req.attempt, "", SystemOomKills()};
   auto pid = supervisor_->Spawn(s);
   if (!pid.ok()) return pid.status();
-  attempts_[*pid] = {req.job_id, req.attempt};
+  // Moved right after exec, before the worker loads anything (posix_spawn returns once it has exec'd).
+  if (cfg_.cgroups != nullptr) {
+    const std::string name = absl::StrCat(req.job_id, "-", req.attempt);
+    if (auto st = cfg_.cgroups->Place(name, *pid); st.ok()) {
+      r.cgroup = name;
+    } else {
+      std::cerr << "ftd: job " << req.job_id << " runs without a memory limit: " << st.message() << std::endl;
+    }
+  }
+  attempts_[*pid] = std::move(r);
   return static_cast<int64_t>(*pid);
 }
 
@@ -47,16 +58,38 @@ void ProcessLauncher::OnExit(pid_t pid, ExitStatus st) {
   std::lock_guard<std::mutex> l(mu_);
   auto it = attempts_.find(pid);
   if (it == attempts_.end()) return;
-  const auto [job_id, attempt] = std::move(it->second);
+  const Running r = std::move(it->second);
   attempts_.erase(it);
-  if (handler_) handler_(job_id, attempt, st);
+  bool killed = false;
+  {
+    std::lock_guard<std::mutex> k(killed_mu_);
+    killed = killed_.erase(pid) > 0;
+  }
+  if (!r.cgroup.empty()) {
+    const CgroupMemory m = cfg_.cgroups->Release(r.cgroup);
+    st.oom_killed = m.oom_kills > 0;
+    st.memory_limit_bytes = m.limit_bytes;
+    st.memory_peak_bytes = m.peak_bytes;
+  } else if (st.signaled && st.signal == SIGKILL && !killed && r.oom_kills >= 0) {
+    st.oom_killed = SystemOomKills() > r.oom_kills;  // a SIGKILL not ours, while the OOM killer was at work
+  }
+  if (handler_) handler_(r.job_id, r.attempt, st);
+}
+
+void ProcessLauncher::MarkKilled(int64_t pid) {
+  std::lock_guard<std::mutex> l(killed_mu_);
+  killed_.insert(static_cast<pid_t>(pid));
 }
 
 void ProcessLauncher::Stop(int64_t pid, std::chrono::milliseconds grace) {
+  MarkKilled(pid);
   supervisor_->Stop(static_cast<pid_t>(pid), static_cast<int>(grace.count()));
 }
 
-void ProcessLauncher::Kill(int64_t pid) { supervisor_->Kill(static_cast<pid_t>(pid)); }
+void ProcessLauncher::Kill(int64_t pid) {
+  MarkKilled(pid);
+  supervisor_->Kill(static_cast<pid_t>(pid));
+}
 
 void ProcessLauncher::KillOrphan(int64_t pid, const std::string& job_id) {
   if (pid <= 0) return;

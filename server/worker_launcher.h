@@ -11,11 +11,13 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <utility>
 
 #include "absl/status/statusor.h"
 #include "server/exit_status.h"
+#include "server/worker_cgroups.h"
 
 namespace ftd::server {
 
@@ -51,10 +53,12 @@ struct ProcessLauncherConfig {
   std::string worker_binary;   // ftd-worker (or a test double speaking its protocol)
   std::string worker_address;  // "unix:<data_dir>/worker.sock"
   std::string jobs_dir;        // <data_dir>/jobs: <job>/worker.log
+  WorkerCgroups* cgroups = nullptr;  // a memory-limited cgroup per worker; nullptr: none (outlives the launcher)
 };
 
 // `<worker_binary> agent --address A --job J --attempt N --token T`, in a process group of its own,
-// CUDA_VISIBLE_DEVICES set to its GPU, output appended to jobs/<id>/worker.log.
+// CUDA_VISIBLE_DEVICES set to its GPU, output appended to jobs/<id>/worker.log, in a cgroup of its
+// own when `cgroups` is set. The exit it reports says whether the kernel's OOM killer ended it.
 class ProcessLauncher final : public WorkerLauncher {
  public:
   explicit ProcessLauncher(ProcessLauncherConfig cfg);
@@ -67,11 +71,22 @@ class ProcessLauncher final : public WorkerLauncher {
   void KillOrphan(int64_t pid, const std::string& job_id) override;
 
  private:
+  struct Running {
+    std::string job_id;
+    int attempt = 0;
+    std::string cgroup;          // its cgroup's name; empty: none
+    int64_t oom_kills = -1;      // /proc/vmstat's oom_kill count at its start (without a cgroup)
+  };
   void OnExit(pid_t pid, ExitStatus st);
+  void MarkKilled(int64_t pid);
   ProcessLauncherConfig cfg_;
   ExitHandler handler_;
   std::mutex mu_;
-  std::map<pid_t, std::pair<std::string, int>> attempts_;  // pid -> (job, attempt)
+  std::map<pid_t, Running> attempts_;
+  // Workers ftd sent SIGKILL (or a Stop, which may end in one). A lock of its own: Stop and Kill are
+  // called under the job manager's lock, which the exit handler takes under mu_.
+  std::mutex killed_mu_;
+  std::set<pid_t> killed_;
   std::unique_ptr<Supervisor> supervisor_;
 };
 

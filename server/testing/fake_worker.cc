@@ -6,6 +6,7 @@
 //   FTD_FAKE_WORKER_SCRIPT  JSON object: job name (or "*" for any other) -> script:
 //     {"steps": 3,                 step reports to send (step 1..N, 128 tokens each)
 //      "step_interval_ms": 10,     pause before each step report
+//      "allocate_mb": 512,         then allocate and touch this much memory, 1 MiB at a time
 //      "wait_for_stop": true,      then keep heartbeating until SIGTERM; report CANCELLED and exit 5
 //      "result": "OUT_OF_MEMORY",  a RunResult outcome to report (absent: report nothing)
 //      "message": "...",           its message
@@ -24,6 +25,8 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <memory>
 #include <iostream>
 #include <mutex>
 #include <string>
@@ -139,6 +142,11 @@ int main(int argc, char** argv) {
     std::printf("fake-worker: step %d sent unix_us=%lld\n", s, static_cast<long long>(UnixUs()));
     std::fflush(stdout);
     send(m);
+  }
+  std::vector<std::unique_ptr<char[]>> held;
+  for (int mb = 0; mb < script.value("allocate_mb", 0); ++mb) {
+    held.emplace_back(new char[1 << 20]);
+    std::memset(held.back().get(), mb + 1, 1 << 20);
   }
   std::string outcome = script.value("result", "");
   std::string message = script.value("message", "");

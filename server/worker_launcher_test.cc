@@ -1,0 +1,123 @@
+// ProcessLauncher with real processes and an injected cgroup reader: the exit it reports says
+// whether the kernel's OOM killer ended the worker.
+#include "server/worker_launcher.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include <condition_variable>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <optional>
+
+namespace ftd::server {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Records what it is asked and reports `oom_kills` for every cgroup.
+class FakeCgroups final : public WorkerCgroups {
+ public:
+  absl::Status Place(const std::string& name, pid_t pid) override {
+    std::lock_guard<std::mutex> l(mu);
+    placed.emplace_back(name, pid);
+    return place_error;
+  }
+  CgroupMemory Release(const std::string& name) override {
+    std::lock_guard<std::mutex> l(mu);
+    released.push_back(name);
+    return {oom_kills, int64_t{70} << 20, int64_t{64} << 20};
+  }
+  int64_t limit_bytes() const override { return int64_t{64} << 20; }
+  std::string Describe() const override { return "fake"; }
+
+  std::mutex mu;
+  absl::Status place_error = absl::OkStatus();
+  int64_t oom_kills = 0;
+  std::vector<std::pair<std::string, pid_t>> placed;
+  std::vector<std::string> released;
+};
+
+class LauncherTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/ftd-launcher-test-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    // A "worker" that dies of SIGKILL at once, as one the OOM killer picked would.
+    worker_ = dir_ + "/worker.sh";
+    std::ofstream(worker_) << "#!/bin/sh\nkill -9 $$\n";
+    ::chmod(worker_.c_str(), 0755);
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  // Runs one attempt through a launcher over `cgroups`; returns how it ended.
+  ExitStatus RunOne(WorkerCgroups* cgroups) {
+    ProcessLauncher launcher({worker_, "unix:/nonexistent", dir_ + "/jobs", cgroups});
+    std::mutex mu;
+    std::condition_variable cv;
+    std::optional<ExitStatus> got;
+    launcher.SetExitHandler([&](const std::string& job, int attempt, ExitStatus st) {
+      EXPECT_EQ(job, "j-000001");
+      EXPECT_EQ(attempt, 2);
+      std::lock_guard<std::mutex> l(mu);
+      got = st;
+      cv.notify_all();
+    });
+    auto pid = launcher.Launch({"j-000001", 2, "token", "cpu"});
+    EXPECT_TRUE(pid.ok()) << pid.status();
+    std::unique_lock<std::mutex> l(mu);
+    EXPECT_TRUE(cv.wait_for(l, std::chrono::seconds(20), [&] { return got.has_value(); }));
+    l.unlock();
+    launcher.SetExitHandler(nullptr);
+    return got.value_or(ExitStatus{});
+  }
+  std::string dir_, worker_;
+};
+
+TEST_F(LauncherTest, AnOomKillCountedInTheWorkersCgroupMarksItsExit) {
+  FakeCgroups cg;
+  cg.oom_kills = 1;
+  const ExitStatus st = RunOne(&cg);
+  EXPECT_TRUE(st.signaled);
+  EXPECT_EQ(st.signal, SIGKILL);
+  EXPECT_TRUE(st.oom_killed);
+  EXPECT_EQ(st.memory_limit_bytes, int64_t{64} << 20);
+  EXPECT_EQ(st.memory_peak_bytes, int64_t{70} << 20);
+  ASSERT_EQ(cg.placed.size(), 1u);
+  EXPECT_EQ(cg.placed[0].first, "j-000001-2");
+  EXPECT_EQ(cg.released, std::vector<std::string>{"j-000001-2"});
+}
+
+TEST_F(LauncherTest, ASigkillWithoutAnOomKillIsJustASignal) {
+  FakeCgroups cg;
+  const ExitStatus st = RunOne(&cg);
+  EXPECT_TRUE(st.signaled);
+  EXPECT_FALSE(st.oom_killed);
+  EXPECT_EQ(cg.released.size(), 1u);
+}
+
+TEST_F(LauncherTest, AWorkerRunsEvenWhereItsCgroupCannotBeMade) {
+  FakeCgroups cg;
+  cg.place_error = absl::FailedPreconditionError("no cgroup");
+  cg.oom_kills = 1;
+  const ExitStatus st = RunOne(&cg);
+  EXPECT_TRUE(st.signaled);
+  EXPECT_FALSE(st.oom_killed) << "a cgroup it was never in says nothing of it";
+  EXPECT_TRUE(cg.released.empty());
+}
+
+TEST_F(LauncherTest, WithoutCgroupsASigkillIsOomOnlyIfTheKernelCountedOne) {
+  const int64_t before = SystemOomKills();
+  const ExitStatus st = RunOne(nullptr);
+  EXPECT_TRUE(st.signaled);
+  EXPECT_EQ(st.oom_killed, SystemOomKills() > before && before >= 0);
+}
+
+}  // namespace
+}  // namespace ftd::server

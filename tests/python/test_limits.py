@@ -1,0 +1,130 @@
+"""Bounds at submission and out-of-memory workers, end to end: a real ftd, real workers (or
+ftd-fake-worker where a test needs a scripted worker), requests sent as raw bytes where a client
+library would refuse to build them."""
+import os
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from ftdapi import JobService, enum_name, msg, spec
+from ftdservice import TINY, Daemon, wait_for
+
+
+def submit_raw(daemon, raw):
+    call = grpc.insecure_channel(daemon.addr).unary_unary(
+        "/ftd.v1.JobService/SubmitJob", request_serializer=lambda b: b,
+        response_deserializer=msg("SubmitJobResponse").FromString)
+    return call(raw, timeout=20)
+
+
+def refused(fn):
+    with pytest.raises(grpc.RpcError) as e:
+        fn()
+    return e.value.code(), e.value.details() or ""
+
+
+def final(svc, job_id, timeout=60):
+    done = {"SUCCEEDED", "FAILED", "CANCELLED"}
+    return wait_for(lambda: (lambda j: j if enum_name("JobState", j.state) in done else None)(
+        svc.GetJob(msg("GetJobRequest")(id=job_id), timeout=10)), timeout, f"job {job_id} to end")
+
+
+def test_huge_strings_are_refused_and_records_stay_small(tmp_path):
+    # One 3.9 MB data.path once made an 11.98 MB job record and 24 MB of events, after which a
+    # default client could not list or get jobs.
+    big_message = "cannot open " + "p" * 100_000 + ": No such file or directory"
+    d = Daemon(tmp_path, scripts={"loud": {"result": "FAILED", "message": big_message, "exit": 1}})
+    try:
+        svc = JobService(grpc.insecure_channel(d.addr))
+        req = msg("SubmitJobRequest")(name="huge", spec=spec(dict(TINY, data={"path": "/" + "x" * 3_900_000})))
+        code, details = refused(lambda: svc.SubmitJob(req, timeout=20))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT
+        assert details.startswith("spec.data.path ") and "at most 4096 bytes" in details, details
+        assert len(details) < 400
+        for field, value in (("name", "n" * 257), ("owner", "o" * 257)):
+            code, details = refused(lambda: svc.SubmitJob(msg("SubmitJobRequest")(spec=spec(TINY), **{field: value}),
+                                                          timeout=20))
+            assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith(field + " "), details
+        # The longest path allowed, run by the real worker (which fails to open it), and a worker whose
+        # error is 100 kB long (the limit of one environment string bounds the script).
+        ids = [svc.SubmitJob(msg("SubmitJobRequest")(name="long", spec=spec(dict(TINY, steps=2, data={
+            "path": "/nonexistent/" + "y" * 4000}))), timeout=20).job.id,
+            svc.SubmitJob(msg("SubmitJobRequest")(name="loud", spec=spec(TINY)), timeout=20).job.id]
+        jobs = [final(svc, i) for i in ids]
+        assert all(enum_name("JobState", j.state) == "FAILED" for j in jobs), jobs
+        assert jobs[1].message.endswith("No such file or directory (worker exit code 1)"), jobs[1].message[-200:]
+        sizes = [j.ByteSize() for j in jobs]
+        listed = svc.ListJobs(msg("ListJobsRequest")(), timeout=20).ByteSize()
+        print(f"job records {sizes} bytes, ListJobs {listed} bytes")
+        assert max(sizes) < 32_000 and listed < 64_000
+    finally:
+        d.stop()
+
+
+def test_invalid_utf8_is_invalid_argument_naming_the_field(daemon):
+    good = msg("SubmitJobRequest")(name="NAME", owner="OWNR", spec=spec(dict(TINY, data={"path": "/PATH"})))
+    wire = good.SerializeToString()
+    for marker, field in ((b"NAME", "name"), (b"OWNR", "owner"), (b"PATH", "spec.data.path")):
+        code, details = refused(lambda: submit_raw(daemon, wire.replace(marker, b"\xff\xfe" + marker[2:])))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT, (code, details)  # was INTERNAL with no message
+        assert details.startswith(field + " is not valid UTF-8"), details
+    assert submit_raw(daemon, wire).created
+
+
+def test_a_job_that_cannot_fit_the_machine_is_refused_at_submit(daemon):
+    svc = JobService(grpc.insecure_channel(daemon.addr))
+    for shape in ({"batch_size": 20000, "seq_len": 2048}, {"batch_size": 1_000_000_000}):
+        code, details = refused(lambda: svc.SubmitJob(
+            msg("SubmitJobRequest")(spec=spec(dict(TINY, **shape))), timeout=20))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT, details
+        assert details.startswith("spec.batch_size: ") and "lower spec.batch_size to at most" in details, details
+
+
+def _cgroup_parent():
+    """A fresh cgroup directory in a hierarchy with the memory controller, or a reason to skip."""
+    mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+    for line in mounts:
+        f = line.split(" ")
+        rest = f[f.index("-") + 1:]
+        if rest[0] == "cgroup2":
+            root = Path(f[4])
+            if "memory" in (root / "cgroup.controllers").read_text().split():
+                return root / f"ftd-test-{os.getpid()}"
+    own = {p.split(":")[1]: p.split(":")[2] for p in Path("/proc/self/cgroup").read_text().splitlines()}
+    for line in mounts:
+        f = line.split(" ")
+        rest = f[f.index("-") + 1:]
+        if rest[0] == "cgroup" and "memory" in rest[2].split(","):
+            key = next((k for k in own if "memory" in k.split(",")), None)
+            if key is not None:
+                return Path(f[4] + own[key]) / f"ftd-test-{os.getpid()}"
+    return None
+
+
+def test_a_worker_over_its_cgroups_memory_limit_is_out_of_memory_and_not_retried(tmp_path):
+    parent = _cgroup_parent()
+    if parent is None:
+        pytest.skip("no cgroup hierarchy with the memory controller is mounted here")
+    try:
+        parent.mkdir()
+    except OSError as e:
+        pytest.skip(f"cannot create a cgroup ({parent}): {e}")
+    d = None
+    try:
+        d = Daemon(tmp_path, "--worker-cgroup", str(parent), "--worker-memory-max", "96MiB",
+                   scripts={"hog": {"allocate_mb": 2048, "result": "SUCCEEDED"}})
+        svc = JobService(grpc.insecure_channel(d.addr))
+        job = svc.SubmitJob(msg("SubmitJobRequest")(name="hog", max_attempts=3, spec=spec(TINY)), timeout=20).job
+        j = final(svc, job.id)
+        assert enum_name("JobState", j.state) == "FAILED" and j.reason == "HOST_OUT_OF_MEMORY", (j.reason, j.message)
+        assert j.attempt == 1, "an out-of-memory job is not retried"
+        assert "memory limit of 96 MiB" in j.message, j.message
+    finally:
+        if d is not None:
+            d.stop()
+        for child in sorted(parent.glob("*/"), reverse=True):
+            if child.is_dir():
+                child.rmdir()
+        parent.rmdir()
