@@ -18,6 +18,7 @@ Command AddWait(CLI::App& app);
 Command AddCancel(CLI::App& app);
 Command AddProfile(CLI::App& app);
 Command AddCompare(CLI::App& app);
+Command AddCompletion(CLI::App& app);
 
 // A PROFILE job's report once it has one (profile, compare); FAILED_PRECONDITION saying why not.
 absl::StatusOr<ftd::v1::ProfileReport> FetchProfile(JobClient& client, const std::string& id);

@@ -1,8 +1,10 @@
 // ftctl: the command-line client of ftd (docs/ftctl.md). Each command lives in cmd_<name>.cc; this
 // file parses the command line, resolves the connection settings and runs the chosen command.
+#include <string>
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "client/cli_help.h"
 #include "client/commands.h"
 #include "client/context.h"
 
@@ -14,18 +16,22 @@ int main(int argc, char** argv) {
   CLI::App app{"ftctl: submit, list, watch and cancel ftd fine-tuning jobs"};
   app.require_subcommand(1);
   app.fallthrough();  // --addr/--timeout also after the command
+  app.set_version_flag("--version", "ftctl " FTD_VERSION);
   GlobalFlags flags;
   app.add_option("--addr", flags.addr, "ftd address host:port (default: $FTD_ADDR, the config file, 127.0.0.1:7070)");
   app.add_option("--timeout", flags.timeout_s, "seconds each call may take, retries included (default 30)")
       ->check(CLI::PositiveNumber);
 
   const std::vector<Command> commands = {AddSubmit(app), AddList(app),    AddGet(app),     AddWatch(app),
-                                         AddCancel(app), AddWait(app),    AddProfile(app), AddCompare(app)};
+                                         AddCancel(app), AddWait(app),    AddProfile(app), AddCompare(app),
+                                         AddCompletion(app)};
   try {
     app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
+  } catch (const CLI::Success& e) {  // --help, --version
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
+    const std::string hint = DidYouMean(app, std::vector<std::string>(argv + 1, argv + argc));
+    if (!hint.empty()) return Usage(hint);
     app.exit(e);
     return kExitUsage;
   }

@@ -294,3 +294,27 @@ def test_cancel_takes_several_ids(tmp_path):
         assert get(d, a)["state"] == get(d, b)["state"] == "CANCELLED"
     finally:
         d.stop()
+
+
+def test_version_did_you_mean_and_completion():
+    p = subprocess.run([str(FTCTL), "--version"], capture_output=True, text=True, timeout=10)
+    assert p.returncode == 0 and p.stdout.startswith("ftctl "), (p.stdout, p.stderr)
+    p = subprocess.run([str(FTCTL), "lsit"], capture_output=True, text=True, timeout=10)
+    assert p.returncode == 64 and 'unknown command "lsit"; did you mean "list"?' in p.stderr, p.stderr
+    p = subprocess.run([str(FTCTL), "list", "--limt", "3"], capture_output=True, text=True, timeout=10)
+    assert p.returncode == 64 and 'did you mean "--limit"?' in p.stderr, p.stderr
+    # bash completes commands, flags and flag values from the script ftctl prints
+    script = subprocess.run([str(FTCTL), "completion", "bash"], capture_output=True, text=True, timeout=10).stdout
+
+    def complete(*words):
+        line = " ".join(f"'{w}'" for w in words)
+        out = subprocess.run(["bash", "-c", f'{script}\nCOMP_WORDS=(ftctl {line}); COMP_CWORD={len(words)}; _ftctl; '
+                              'printf "%s\\n" "${COMPREPLY[@]}"'], capture_output=True, text=True, timeout=10)
+        assert out.returncode == 0, out.stderr
+        return set(out.stdout.split())
+
+    assert complete("can") == {"cancel"}
+    assert complete("list", "--li") == {"--limit"}
+    assert complete("--addr", "h:1", "get", "-o", "y") == {"yaml"}
+    zsh = subprocess.run([str(FTCTL), "completion", "zsh"], capture_output=True, text=True, timeout=10)
+    assert zsh.returncode == 0 and "bashcompinit" in zsh.stdout
