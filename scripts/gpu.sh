@@ -3,12 +3,13 @@
 # tests and the benchmarks, in one go. Debian packages the machine lacks (gRPC, Abseil,
 # prometheus-cpp, GoogleTest, CLI11, JSON) come unpacked from .devdeps/ when present
 # (scripts/fetch-gpu-deps.sh fills it on a development machine). Results go to $OUT (default gpu-out/).
-#   scripts/gpu.sh [STAGE...]    stages, run in the order given: build test kbench e2e lora service profile
-#                                ab default (none given: build test kbench e2e lora service profile)
+#   scripts/gpu.sh [STAGE...]    stages, run in the order given: build test kbench e2e lora data service
+#                                profile ab default (none given: build test kbench e2e lora service profile)
 #   ab: this tree's ftd-worker against another version's, the 8B fused step in one invocation
 #       (BASE_SRC: that version's source tree, e.g. `git archive REV | tar x -C base-src`;
 #       AB_ARGS: bench/train_bench.py flags, default --shapes 4x2048 --repeat 3).
 # Environment: BENCH_ARGS (bench/train_bench.py flags), LORA_ARGS (bench/lora_bench.py flags),
+# DATA_ARGS (bench/data_bench.py flags),
 # KBENCH_ARGS (ftd-kernel-bench flags),
 # CUDA_ARCHS (default "90;100;103": the H100/H200 and the B200/GB300 in one binary).
 set -uo pipefail
@@ -72,6 +73,10 @@ for stage in "${stages[@]}"; do
       stamp "LoRA benchmark: ftd eager, ftd fused, HF + PEFT; measured vs predicted peak memory"
       python3 bench/lora_bench.py --worker "$build/worker/ftd-worker" --out "$out" ${LORA_ARGS:-} 2>&1 \
         | tee "$out/lora_bench.log" | grep -v "^{" ;;
+    data)
+      stamp "chat JSONL benchmark: ftd packed, ftd padded, HF + its data collator"
+      python3 bench/data_bench.py --worker "$build/worker/ftd-worker" --out "$out/data" ${DATA_ARGS:-} 2>&1 \
+        | tee "$out/data_bench.log" | grep -v "^{" ;;
     service)
       stamp "through ftd and ftctl vs standalone"
       python3 bench/service_bench.py --build "$build" --out "$out" ${SERVICE_ARGS:-} 2>&1 | tee "$out/service_bench.log" ;;
@@ -94,7 +99,7 @@ for stage in "${stages[@]}"; do
     default)
       "$build/worker/ftd-worker" run --default --format text --set steps=${DEFAULT_STEPS:-10} 2>&1 \
         | tee "$out/default-job.log" | tail -4 ;;
-    *) echo "gpu.sh: unknown stage $stage (build test kbench e2e lora service profile ab default)"; exit 2 ;;
+    *) echo "gpu.sh: unknown stage $stage (build test kbench e2e lora data service profile ab default)"; exit 2 ;;
   esac
 done
 stamp "done (rc $rc)"

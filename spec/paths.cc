@@ -13,7 +13,8 @@ using google::protobuf::Message;
 
 const std::vector<std::string>& SpecPathFields() {
   static const std::vector<std::string> fields = {
-      "model.config_path", "model.weights_path", "data.path", "checkpoint.dir", "lora.adapter_path",
+      "model.config_path", "model.weights_path", "data.path", "data.tokenizer_path", "data.eval_path",
+      "data.cache_dir", "checkpoint.dir", "lora.adapter_path",
   };
   return fields;
 }
