@@ -52,7 +52,8 @@ std::optional<spec::LlamaConfig> ModelShape(const spec::TrainConfig& c, bool gpu
   }
   std::error_code ec;
   const fs::path file = fs::is_directory(path, ec) ? fs::path(path) / "config.json" : fs::path(path);
-  if (!fs::is_regular_file(file, ec)) return std::nullopt;  // a FIFO would block the daemon's read
+  // A FIFO would block the daemon's read; a config.json is a few kB.
+  if (!fs::is_regular_file(file, ec) || fs::file_size(file, ec) > (1 << 20) || ec) return std::nullopt;
   auto m = spec::LoadLlamaConfig(file.string());
   return m.ok() ? std::optional(*m) : std::nullopt;
 }

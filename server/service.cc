@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "proto/grpc_status.h"
 #include "server/request_limits.h"
 
@@ -28,6 +29,10 @@ grpc::Status ClientGone() { return ToGrpc(absl::CancelledError("client went away
 
 absl::Status RequireId(const std::string& id) {
   if (id.empty()) return absl::InvalidArgumentError("id is required (a job id such as j-000001; ftctl list shows them)");
+  if (id.size() > kMaxNameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("id must be at most ", kMaxNameBytes, " bytes (got ", id.size(),
+                                                   " bytes: \"", Clip(id, 48), "\"); job ids look like j-000001"));
+  }
   return absl::OkStatus();
 }
 

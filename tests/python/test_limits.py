@@ -59,6 +59,9 @@ def test_huge_strings_are_refused_and_records_stay_small(tmp_path):
         listed = svc.ListJobs(msg("ListJobsRequest")(), timeout=20).ByteSize()
         print(f"job records {sizes} bytes, ListJobs {listed} bytes")
         assert max(sizes) < 32_000 and listed < 64_000
+        code, details = refused(lambda: svc.GetJob(msg("GetJobRequest")(id="j" * 1_000_000), timeout=20))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("id must be at most"), details
+        assert len(details) < 400
     finally:
         d.stop()
 
