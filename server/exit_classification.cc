@@ -36,6 +36,7 @@ bool Matches(const ExitRule& rule, const WorkerEnd& end) {
     case Asked::kDrain: if (!end.drain) return false; break;
     case Asked::kCancel: if (!end.cancel) return false; break;
     case Asked::kHeartbeatLost: if (!end.heartbeat_lost) return false; break;
+    case Asked::kNoProgress: if (!end.no_progress) return false; break;
   }
   const int reported = end.result.has_value() ? end.result->outcome() : kNoReport;
   if (rule.reported != kAnyReport && rule.reported != reported) return false;
@@ -68,8 +69,13 @@ Verdict Classify(const WorkerEnd& end, int attempt, double heartbeat_timeout_s) 
                                end.started ? "worker " + how : "no worker was started", "); requeued");
       break;
     case Reason::kCancelled:
-      v.message = absl::StrCat("cancelled on request; ",
-                               end.started ? "worker stopped (" + how + ")" : "no worker was started");
+      if (end.cancel) {
+        v.message = absl::StrCat("cancelled on request; ",
+                                 end.started ? "worker stopped (" + how + ")" : "no worker was started");
+      } else {
+        v.message = absl::StrCat("cancelled from outside ftd: the worker was stopped by a SIGTERM or SIGINT that ftd "
+                                 "did not send, and reported \"", reported, "\" (worker ", how, ")");
+      }
       break;
     case Reason::kSucceeded:
     case Reason::kGpuOutOfMemory:
@@ -92,6 +98,9 @@ Verdict Classify(const WorkerEnd& end, int attempt, double heartbeat_timeout_s) 
                                    : std::string("the host ran out of memory"),
                                "; lower spec.batch_size or spec.seq_len (ftd's --worker-memory-max sets the limit)");
       break;
+    case Reason::kNoProgress:
+      v.message = absl::StrCat("stuck: ", end.no_progress_detail, "; its process group was killed");
+      break;
     case Reason::kKilledBySignal:
       v.message = absl::StrCat("worker ", how);
       break;
@@ -100,7 +109,10 @@ Verdict Classify(const WorkerEnd& end, int attempt, double heartbeat_timeout_s) 
       break;
     case Reason::kWorkerExit:
     case Reason::kDaemonRestart:  // not an exit rule (the restart recovery words its own message)
-      v.message = absl::StrCat("worker ended with ", how, " before reporting a result");
+      v.message = end.result.has_value()
+                      ? absl::StrCat("worker ended with ", how, " after reporting ",
+                                     ftd::v1::RunResult::Outcome_Name(end.result->outcome()))
+                      : absl::StrCat("worker ended with ", how, " before reporting a result");
       break;
   }
   return v;

@@ -32,6 +32,7 @@ enum class Reason {
   kKilledBySignal,
   kWorkerExit,
   kLostHeartbeat,
+  kNoProgress,      // the progress watchdog: no step and no load/checkpoint progress for too long
   kSpawnFailed,
   kDaemonRestart,   // not a worker's exit: the daemon found the job RUNNING at start
   kDaemonShutdown,  // the daemon drained on SIGTERM
@@ -61,6 +62,8 @@ inline constexpr ReasonInfo kReasons[] = {
     {Reason::kKilledBySignal, "KILLED_BY_SIGNAL", ftd::v1::FAILED, Retry::kWhileAttemptsLeft},
     {Reason::kWorkerExit, "WORKER_EXIT", ftd::v1::FAILED, Retry::kWhileAttemptsLeft},
     {Reason::kLostHeartbeat, "LOST_HEARTBEAT", ftd::v1::FAILED, Retry::kWhileAttemptsLeft},
+    // A stuck training thread (blocked in a read, a hung collective) most likely hangs again: final.
+    {Reason::kNoProgress, "NO_PROGRESS", ftd::v1::FAILED, Retry::kNever},
     {Reason::kSpawnFailed, "SPAWN_FAILED", ftd::v1::FAILED, Retry::kWhileAttemptsLeft},
     {Reason::kDaemonRestart, "DAEMON_RESTART", ftd::v1::FAILED, Retry::kWhileAttemptsLeft},
     {Reason::kDaemonShutdown, "DAEMON_SHUTDOWN", ftd::v1::QUEUED, Retry::kFree},
@@ -69,7 +72,7 @@ inline constexpr ReasonInfo kReasons[] = {
 const ReasonInfo& Info(Reason r);
 
 // What the daemon had asked of the worker or found out about it before it ended.
-enum class Asked { kAny, kDrain, kCancel, kHeartbeatLost };
+enum class Asked { kAny, kDrain, kCancel, kHeartbeatLost, kNoProgress };
 // How the worker's process ended.
 enum class Ended { kAny, kExitZero, kSignal, kOomKilled, kNotStarted };
 // What the worker reported: a RunResult outcome, or one of these.
@@ -93,8 +96,11 @@ inline constexpr ExitRule kExitRules[] = {
     {Asked::kAny,           ftd::v1::RunResult::INVALID_SPEC,      Ended::kAny,          Reason::kInvalidSpec},
     {Asked::kAny,           ftd::v1::RunResult::NON_FINITE,        Ended::kAny,          Reason::kNonFinite},
     {Asked::kAny,           ftd::v1::RunResult::FAILED,            Ended::kAny,          Reason::kWorkerError},
+    // stopped by a SIGTERM/SIGINT that ftd did not send: someone outside ftd cancelled it
+    {Asked::kAny,           ftd::v1::RunResult::CANCELLED,         Ended::kAny,          Reason::kCancelled},
     {Asked::kAny,           kAnyReport,                            Ended::kOomKilled,    Reason::kHostOutOfMemory},
     {Asked::kHeartbeatLost, kAnyReport,                            Ended::kAny,          Reason::kLostHeartbeat},
+    {Asked::kNoProgress,    kAnyReport,                            Ended::kAny,          Reason::kNoProgress},
     {Asked::kAny,           kAnyReport,                            Ended::kSignal,       Reason::kKilledBySignal},
     {Asked::kAny,           kAnyReport,                            Ended::kNotStarted,   Reason::kSpawnFailed},
     {Asked::kAny,           kAnyReport,                            Ended::kAny,          Reason::kWorkerExit},
@@ -106,6 +112,8 @@ struct WorkerEnd {
   bool drain = false;           // the daemon was draining and asked it to stop
   bool cancel = false;          // a client cancelled the job
   bool heartbeat_lost = false;  // it went silent and the daemon killed it
+  bool no_progress = false;     // the progress watchdog killed it
+  std::string no_progress_detail;  // when no_progress: how long, and what it did last
   std::optional<ftd::v1::RunResult> result;  // what it reported, if anything
   bool started = true;          // false: the process could not be started
   ExitStatus exit;              // when started

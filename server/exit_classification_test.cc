@@ -90,11 +90,40 @@ TEST(ExitClassification, WhatTheDaemonAskedComesFirst) {
   EXPECT_EQ(Of(lost), Reason::kGpuOutOfMemory);
 }
 
+TEST(ExitClassification, AStuckWorkerIsItsOwnOutcomeAndNotRetried) {
+  WorkerEnd stuck = Ended(std::nullopt, kKilled);
+  stuck.no_progress = true;  // the watchdog's own SIGKILL is not a crash
+  stuck.no_progress_detail = "no step for 600s";
+  const Verdict v = Classify(stuck, 1, 30);
+  EXPECT_EQ(v.reason, Reason::kNoProgress);
+  EXPECT_EQ(v.message, "stuck: no step for 600s; its process group was killed");
+  EXPECT_EQ(Info(Reason::kNoProgress).retry, Retry::kNever);
+  EXPECT_EQ(Info(Reason::kNoProgress).final_state, ftd::v1::FAILED);
+  stuck.cancel = true;  // cancelled meanwhile: the cancel is what the client sees
+  EXPECT_EQ(Of(stuck), Reason::kCancelled);
+}
+
 TEST(ExitClassification, MessagesSayWhatHappened) {
   EXPECT_EQ(Classify(Ended(std::nullopt, kKilled), 1, 30).message, "worker killed by signal 9 (SIGKILL)");
   EXPECT_EQ(Classify(Ended(std::nullopt, kExit5), 1, 30).message,
             "worker ended with exit code 5 before reporting a result");
   EXPECT_EQ(Classify(Ended(RunResult::FAILED, kExit1), 1, 30).message, "reported text (worker exit code 1)");
+}
+
+// A worker stopped by a SIGTERM that ftd did not send reports CANCELLED and exits 5: the job was
+// cancelled from outside, not an infrastructure failure to retry.
+TEST(ExitClassification, AnExternalStopIsACancel) {
+  const Verdict v = Classify(Ended(RunResult::CANCELLED, kExit5), 1, 30);
+  EXPECT_EQ(v.reason, Reason::kCancelled);
+  EXPECT_TRUE(v.from_report);
+  EXPECT_NE(v.message.find("from outside ftd"), std::string::npos) << v.message;
+  EXPECT_NE(v.message.find("exit code 5"), std::string::npos) << v.message;
+  EXPECT_EQ(v.message.find("before reporting"), std::string::npos) << v.message;
+  // Killed after its report: still the report's outcome.
+  EXPECT_EQ(Of(Ended(RunResult::CANCELLED, kKilled)), Reason::kCancelled);
+  // A report followed by an exit that contradicts it says that it reported.
+  EXPECT_EQ(Classify(Ended(RunResult::SUCCEEDED, kExit1), 1, 30).message,
+            "worker ended with exit code 1 after reporting SUCCEEDED");
 }
 
 TEST(ExitClassification, RetryDelayDoublesUpToTheCap) {
@@ -129,7 +158,7 @@ TEST(ExitClassification, MetricsLabelSetsComeFromTheTable) {
   }
   EXPECT_EQ(completions, want_completions);
   EXPECT_EQ(retries, want_retries);
-  EXPECT_EQ(want_completions.size(), 12u);
+  EXPECT_EQ(want_completions.size(), 13u);
 }
 
 // docs/api.md's reason table lists every reason with the same retry rule.

@@ -11,6 +11,7 @@
 #include "server/request_limits.h"
 #include "server/request_match.h"
 #include "server/scheduling_policy.h"
+#include "spec/input_files.h"
 #include "spec/spec.h"
 
 namespace ftd::server {
@@ -142,13 +143,23 @@ std::optional<std::chrono::milliseconds> JobManager::Tick() {
     for (auto& [id, a] : running_) {
       if (a.unrecorded.has_value()) {
         unrecorded.push_back(id);
-      } else if (a.pid > 0 && !a.lost) {
+      } else if (a.pid > 0 && !a.lost && !a.stuck) {
         const int64_t silent = steady - a.last_seen_ms;
         if (silent >= cfg_.heartbeat_timeout_ms) {
           a.lost = true;
           launcher_->Kill(a.pid);
+          continue;
+        }
+        wake_in(cfg_.heartbeat_timeout_ms - silent);
+        if (!a.watched || cfg_.progress_timeout_ms <= 0) continue;
+        const int64_t idle = steady - a.last_progress_ms;
+        if (idle >= cfg_.progress_timeout_ms) {
+          a.stuck = true;
+          std::cerr << "ftd: job " << id << " attempt " << a.attempt << " is stuck (no progress for " << idle / 1000.0
+                    << " s; last: " << a.last_progress << "); killing its worker " << a.pid << std::endl;
+          launcher_->Kill(a.pid);
         } else {
-          wake_in(cfg_.heartbeat_timeout_ms - silent);
+          wake_in(cfg_.progress_timeout_ms - idle);
         }
       }
     }
@@ -173,6 +184,9 @@ std::optional<std::chrono::milliseconds> JobManager::Tick() {
     }
   }
   for (const LaunchRequest& req : launches) Launched(req, launcher_->Launch(req));
+  // A worker started now is watched from here on: its heartbeat's deadline (and, once it says it
+  // started, the progress watchdog's) comes at the latest then, with nothing else waking the loop.
+  if (!launches.empty()) wake_in(cfg_.heartbeat_timeout_ms);
   if (!wait_ms.has_value()) return std::nullopt;
   return std::chrono::milliseconds(*wait_ms);
 }
@@ -251,6 +265,7 @@ absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::Submit(const ftd::v1::Sub
   }
   auto config = ftd::spec::ToTrainConfig(req.spec());
   if (!config.ok()) return config.status();
+  if (auto st = ftd::spec::CheckInputFiles(*config); !st.ok()) return st;
   if (cfg_.gpus == 0 && config->device.rfind("cuda", 0) == 0) {
     return absl::InvalidArgumentError(absl::StrCat("spec.device is \"", config->device,
                                                    "\" but this ftd has no GPU (it runs jobs on its CPU slot): use "
@@ -570,6 +585,17 @@ absl::StatusOr<bool> JobManager::OnWorkerMessage(const ftd::v1::WorkerMessage& m
                                                     " is not the one ftd is running"));
   }
   a->last_seen_ms = clock_->SteadyMs();
+  if (msg.has_started() || msg.has_step() || msg.has_progress()) {
+    a->watched = true;
+    a->last_progress_ms = a->last_seen_ms;
+    if (msg.has_step()) a->last_progress = absl::StrCat("step ", msg.step().step());
+    if (msg.has_progress()) {
+      const auto& p = msg.progress();
+      a->last_progress = p.phase() == "train" ? absl::StrCat("step ", p.step())
+                                              : absl::StrCat(Clip(p.phase(), 64), " ", p.done_bytes(), " of ",
+                                                             p.total_bytes(), " bytes after step ", p.step());
+    }
+  }
   if (msg.has_result()) {
     a->result = msg.result();
     a->result->set_message(Clip(a->result->message(), kMaxWorkerText));
@@ -601,6 +627,12 @@ void JobManager::OnWorkerExit(const std::string& job_id, int attempt, ExitStatus
     end.drain = a.drain;
     end.cancel = a.cancel;
     end.heartbeat_lost = a.lost;
+    end.no_progress = a.stuck;
+    if (a.stuck) {
+      end.no_progress_detail = absl::StrCat("no step and no load or checkpoint progress for ",
+                                            cfg_.progress_timeout_ms / 1000.0, " s (--progress-timeout-s); last: ",
+                                            a.last_progress);
+    }
     end.result = a.result;
     end.exit = st;
     FinishLocked(a, end);

@@ -45,6 +45,9 @@ struct ManagerConfig {
   int default_max_attempts = 3;
   int grace_ms = 10000;                 // SIGTERM -> SIGKILL on cancel
   int heartbeat_timeout_ms = 30000;     // no message from a worker for this long: lost
+  // From the worker's start message on, no step and no load/checkpoint progress for this long:
+  // stuck (NO_PROGRESS), killed. 0: no watchdog.
+  int64_t progress_timeout_ms = 600000;
   int backoff_base_ms = 2000;           // retry n waits base * 2^(n-1), capped
   int backoff_max_ms = 60000;
   bool requeue_on_restart = true;       // policy for jobs found RUNNING at start (docs/api.md)
@@ -114,6 +117,10 @@ class JobManager {
     int64_t started_ms = 0;       // unix ms
     int64_t last_seen_ms = 0;     // steady ms of the last message (or of the launch)
     bool cancel = false, drain = false, lost = false;
+    bool watched = false;         // the progress watchdog runs (from the worker's start message)
+    int64_t last_progress_ms = 0; // steady ms of the last step or progress report (or of the start)
+    std::string last_progress = "started";  // what it was
+    bool stuck = false;           // the watchdog killed it
     std::optional<ftd::v1::RunResult> result;
     StepTotals totals;            // what its reports added to the metrics so far
     std::optional<WorkerEnd> unrecorded;  // ended, but the outcome is not in the store yet

@@ -401,6 +401,100 @@ TEST_F(JobManagerTest, ASilentWorkerIsKilledAndItsJobRetried) {
   EXPECT_EQ(j.state(), ftd::v1::QUEUED);
 }
 
+// Nothing but the clock wakes the scheduler for a worker that goes silent right after its start:
+// the round that starts it asks to run again by the heartbeat's deadline.
+TEST_F(JobManagerTest, TheRoundThatStartsAWorkerAsksToRunAgainByItsHeartbeatDeadline) {
+  auto& m = Make();
+  Submit("silent-from-the-start");
+  const auto wait = m.Tick();
+  ASSERT_EQ(launcher_->Launches(), 1u);
+  ASSERT_TRUE(wait.has_value());
+  EXPECT_LE(wait->count(), cfg_.heartbeat_timeout_ms);
+  clock_.Advance(cfg_.heartbeat_timeout_ms);
+  m.Tick();
+  EXPECT_EQ(launcher_->kills.size(), 1u);
+}
+
+// A training thread blocked (in a read of a FIFO, a hung collective) while the heartbeat thread
+// goes on: the progress watchdog sees neither a step nor load/checkpoint progress, stops the worker
+// and fails the job as NO_PROGRESS, without a retry. Progress of any kind resets it.
+TEST_F(JobManagerTest, AWorkerWithNoProgressIsStoppedAsStuck) {
+  cfg_.progress_timeout_ms = 10000;
+  auto& m = Make();
+  const std::string id = Submit("stuck", 0, 3);
+  const LaunchRequest l = StartNext();
+  auto beat = [&](ftd::v1::WorkerMessage msg) {
+    clock_.Advance(1000);
+    ASSERT_TRUE(Send(l, msg).ok());
+    m.Tick();
+  };
+  ftd::v1::WorkerMessage heartbeat, started, loading;
+  heartbeat.set_heartbeat(true);
+  started.set_started(true);
+  loading.mutable_progress()->set_phase("load_data");
+  loading.mutable_progress()->set_done_bytes(4096);
+  loading.mutable_progress()->set_total_bytes(8192);
+  // Until the worker says it started, only the heartbeat timeout applies.
+  for (int i = 0; i < 12; ++i) beat(heartbeat);
+  EXPECT_TRUE(launcher_->kills.empty());
+  beat(started);
+  for (int i = 0; i < 8; ++i) beat(heartbeat);
+  beat(loading);  // 9 s after the start: moving
+  for (int i = 0; i < 9; ++i) beat(heartbeat);
+  EXPECT_TRUE(launcher_->kills.empty());
+  ASSERT_TRUE(Step(l, 1).ok());  // a step report resets it too
+  for (int i = 0; i < 9; ++i) beat(heartbeat);
+  EXPECT_TRUE(launcher_->kills.empty());
+  // The scheduler asks to run again when the watchdog would fire (1 s from now).
+  const auto wait = m.Tick();
+  ASSERT_TRUE(wait.has_value());
+  EXPECT_EQ(wait->count(), 1000);
+  beat(heartbeat);  // 10 s of heartbeats only, since step 1
+  ASSERT_EQ(launcher_->kills.size(), 1u);
+  EXPECT_EQ(launcher_->kills[0], launcher_->pids[0]);
+  EXPECT_EQ(Get(id).state(), ftd::v1::RUNNING);  // until the worker is gone
+  launcher_->Exit(l, Signaled(SIGKILL));
+  const Job j = Get(id);
+  EXPECT_EQ(j.state(), ftd::v1::FAILED);
+  EXPECT_EQ(j.reason(), "NO_PROGRESS");  // not KILLED_BY_SIGNAL: the daemon sent that signal
+  EXPECT_EQ(j.attempt(), 1);             // and not retried: it would hang again
+  EXPECT_NE(j.message().find("no step and no load or checkpoint progress for 10 s"), std::string::npos)
+      << j.message();
+  EXPECT_NE(j.message().find("last: step 1"), std::string::npos) << j.message();
+  EXPECT_EQ(Counter("ftd_job_completions_total", {{"state", "failed"}, {"outcome", "no_progress"}}), 1);
+}
+
+TEST_F(JobManagerTest, TheWatchdogNamesTheLastPhaseAndCanBeTurnedOff) {
+  for (int64_t timeout : {int64_t{0}, int64_t{3000}}) {
+    SCOPED_TRACE(timeout);
+    cfg_.progress_timeout_ms = timeout;
+    auto& m = Make();
+    const std::string id = Submit("stuck", 0, 1);
+    const LaunchRequest l = StartNext();
+    ftd::v1::WorkerMessage loading;
+    loading.mutable_progress()->set_step(7);
+    loading.mutable_progress()->set_phase("save_checkpoint");
+    loading.mutable_progress()->set_done_bytes(100);
+    loading.mutable_progress()->set_total_bytes(900);
+    ASSERT_TRUE(Send(l, loading).ok());
+    ftd::v1::WorkerMessage heartbeat;
+    heartbeat.set_heartbeat(true);
+    for (int i = 0; i < 4; ++i) {
+      clock_.Advance(1000);
+      ASSERT_TRUE(Send(l, heartbeat).ok());
+      m.Tick();
+    }
+    if (timeout == 0) {
+      EXPECT_TRUE(launcher_->kills.empty());
+      continue;
+    }
+    ASSERT_EQ(launcher_->kills.size(), 1u);
+    launcher_->Exit(l, Signaled(SIGKILL));
+    EXPECT_NE(Get(id).message().find("last: save_checkpoint 100 of 900 bytes after step 7"), std::string::npos)
+        << Get(id).message();
+  }
+}
+
 TEST_F(JobManagerTest, RetriesWaitForTheirBackoffAndStopAtMaxAttempts) {
   auto& m = Make();
   const std::string id = Submit("flaky", 0, 3);

@@ -72,7 +72,7 @@ int main(int argc, char** argv) {
   std::string listen = "127.0.0.1:7070", metrics_listen = "127.0.0.1:7071", data_dir = DefaultDataDir();
   std::string worker = DefaultWorkerBinary(), restart_policy = "requeue";
   int gpus = -1, max_queued = 1000, max_attempts = 3;
-  double grace_s = 10, heartbeat_s = 30, backoff_s = 2, drain_s = 30;
+  double grace_s = 10, heartbeat_s = 30, backoff_s = 2, drain_s = 30, progress_s = 600;
   app.add_option("--listen", listen, "gRPC address for clients (host:port)")->capture_default_str();
   app.add_option("--metrics-listen", metrics_listen, "HTTP address of /metrics (empty: off)")->capture_default_str();
   app.add_option("--data-dir", data_dir, "SQLite database, worker socket, job logs and checkpoints")->capture_default_str();
@@ -85,6 +85,9 @@ int main(int argc, char** argv) {
   app.add_option("--grace-s", grace_s, "cancel: seconds between SIGTERM and SIGKILL")->capture_default_str();
   app.add_option("--heartbeat-timeout-s", heartbeat_s, "a worker silent this long is killed (LOST_HEARTBEAT)")
       ->capture_default_str();
+  app.add_option("--progress-timeout-s", progress_s,
+                 "a worker with no step and no load/checkpoint progress this long is stuck: killed (NO_PROGRESS); 0: off")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
   app.add_option("--backoff-s", backoff_s, "first retry delay; doubles per attempt, at most 60 s")->capture_default_str();
   app.add_option("--drain-timeout-s", drain_s, "SIGTERM: how long running workers get to stop")->capture_default_str();
   app.add_option("--restart-policy", restart_policy, "jobs found RUNNING at start: requeue or fail")
@@ -161,6 +164,7 @@ int main(int argc, char** argv) {
   mc.grace_ms = static_cast<int>(grace_s * 1000);
   mc.heartbeat_timeout_ms = static_cast<int>(heartbeat_s * 1000);
   mc.backoff_base_ms = static_cast<int>(backoff_s * 1000);
+  mc.progress_timeout_ms = static_cast<int64_t>(progress_s * 1000);
   mc.requeue_on_restart = restart_policy == "requeue";
   mc.paused = paused;
   mc.memory = {cgroups != nullptr ? std::min(ram, worker_limit) : ram, GpuMemoryBytes(mc.gpus)};

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <condition_variable>
+#include <functional>
 #include <iostream>
 #include <mutex>
 #include <thread>
@@ -66,14 +67,33 @@ int RunAgent(const AgentOptions& opts, std::atomic<bool>* stop) {
   started.set_started(true);
   send(started);
 
+  // What the training thread did last, and a count that moves with it: each beat sends it as
+  // progress when it moved, else a plain heartbeat (the daemon's watchdog tells the two apart).
+  std::mutex progress_mu;
+  ftd::v1::PhaseProgress progress;
+  uint64_t moves = 0;
+  auto moved = [&](const std::function<void(ftd::v1::PhaseProgress&)>& set) {
+    std::lock_guard<std::mutex> l(progress_mu);
+    set(progress);
+    ++moves;
+  };
   std::mutex hb_mu;
   std::condition_variable hb_cv;
   bool done = false;
   std::thread heartbeat([&] {
+    uint64_t sent_moves = 0;
     std::unique_lock<std::mutex> l(hb_mu);
     while (!hb_cv.wait_for(l, std::chrono::duration<double>(opts.heartbeat_s), [&] { return done; })) {
       ftd::v1::WorkerMessage m;
-      m.set_heartbeat(true);
+      {
+        std::lock_guard<std::mutex> pl(progress_mu);
+        if (moves != sent_moves) {
+          *m.mutable_progress() = progress;
+          sent_moves = moves;
+        } else {
+          m.set_heartbeat(true);
+        }
+      }
       send(m);
     }
   });
@@ -95,6 +115,20 @@ int RunAgent(const AgentOptions& opts, std::atomic<bool>* stop) {
       ftd::v1::WorkerMessage msg;
       msg.set_log(std::string(line));
       send(msg);
+    };
+    hooks.on_step_done = [&](int64_t step) {
+      moved([step](ftd::v1::PhaseProgress& p) {
+        p.Clear();
+        p.set_step(step);
+        p.set_phase("train");
+      });
+    };
+    hooks.on_progress = [&](const engine::Progress& e) {
+      moved([&e](ftd::v1::PhaseProgress& p) {
+        p.set_phase(engine::ProgressPhaseName(e.phase));
+        p.set_done_bytes(e.done_bytes);
+        p.set_total_bytes(e.total_bytes);
+      });
     };
     hooks.stop = stop;
     if (assignment.profile()) {

@@ -283,6 +283,81 @@ def test_cancel_leaves_no_worker_behind(daemon):
     wait_for(lambda: not group_alive(pid), 30, "the worker's process group to be gone")
 
 
+def test_non_regular_inputs_are_refused_at_submit_naming_the_field(daemon, tmp_path):
+    """A FIFO as data.path would block the worker's training thread in read() forever: refused at
+    submission, as are devices and a directory where a file is expected."""
+    fifo = tmp_path / "tokens.fifo"
+    os.mkfifo(fifo)
+    for path, kind in ((fifo, "a FIFO"), ("/dev/zero", "a character device"), (tmp_path, "a directory")):
+        p = ftctl(daemon, "submit", "--default", "--set", f'data.path="{path}"')
+        assert p.returncode == 3, (p.returncode, p.stderr)  # INVALID_ARGUMENT
+        assert "spec.data.path" in p.stderr and f"is {kind}; it must be a regular file" in p.stderr, p.stderr
+    p = ftctl(daemon, "submit", "--default", "--set", f'model.weights_path="{fifo}"')
+    assert p.returncode == 3 and "spec.model.weights_path" in p.stderr and "must be a directory" in p.stderr, p.stderr
+    assert ftctl(daemon, "list", "-o", "json").stdout.strip() in ("", "[]")  # nothing was created
+
+
+def test_a_stuck_worker_is_stopped_by_the_progress_watchdog(tmp_path):
+    """A worker whose heartbeat goes on while its training thread makes no progress (the fake
+    worker reports 2 steps, then only heartbeats) is killed after --progress-timeout-s and its job
+    fails NO_PROGRESS, not retried; the slot is free again. Measured on the daemon's own records."""
+    d = Daemon(tmp_path, "--progress-timeout-s", "2",
+               scripts={"stuck": {"steps": 2, "wait_for_stop": True}, "next": {"steps": 1, "result": "SUCCEEDED"}})
+    try:
+        job = submit(d, dict(TINY, steps=1), "--name", "stuck", "--max-attempts", "3")
+        j = wait_for(lambda: running_with_steps(d, job, 2), 60, "the steps")
+        pid = int(j["worker_pid"])
+        assert ftctl(d, "wait", job, timeout=120).returncode == 1
+        j = get(d, job)
+        assert j["state"] == "FAILED" and j["reason"] == "NO_PROGRESS" and int(j["attempt"]) == 1, j
+        assert "no step and no load or checkpoint progress for 2 s" in j["message"], j["message"]
+        assert "last: step 2" in j["message"], j["message"]
+        events = [json.loads(l) for l in ftctl(d, "watch", job, "-o", "json").stdout.splitlines()]
+        last_step_ms = max(int(e["unix_ms"]) for e in events if "step" in e)
+        failed_ms = [int(e["unix_ms"]) for e in events if "state" in e and e["state"]["state"] == "FAILED"]
+        assert len(failed_ms) == 1 and failed_ms[0] - last_step_ms >= 2000, (last_step_ms, failed_ms)
+        wait_for(lambda: not group_alive(pid), 10, "the stuck worker's process group to be gone")
+        assert daemon_metric(d, "ftd_job_completions_total", (("outcome", "no_progress"), ("state", "failed"))) == 1
+        nxt = submit(d, dict(TINY, steps=1), "--name", "next")
+        assert ftctl(d, "wait", nxt, timeout=120).returncode == 0
+    finally:
+        d.stop()
+
+
+def test_the_real_worker_reports_progress_between_sparse_step_reports(tmp_path):
+    """log_every larger than the run: the only step report is the last one. The worker's progress
+    messages (every step, and while loading) keep the watchdog quiet, so the job succeeds. (On a
+    busy 2-core machine the run takes well over the 10 s; the bound leaves room for a slow step.)"""
+    d = Daemon(tmp_path, "--progress-timeout-s", "10")
+    try:
+        job = submit(d, dict(TINY, steps=100, log_every=1000, checkpoint={"enabled": False}))
+        assert ftctl(d, "wait", job, timeout=300).returncode == 0, get(d, job)
+        j = get(d, job)
+        assert j["state"] == "SUCCEEDED" and int(j["attempt"]) == 1, j
+    finally:
+        d.stop()
+
+
+def test_external_sigterm_to_the_worker_is_a_cancel(tmp_path):
+    """A SIGTERM that ftd did not send: the worker checkpoints, reports CANCELLED and exits 5. The job
+    ends CANCELLED (not retried as a worker that exited without a result)."""
+    d = Daemon(tmp_path)
+    try:
+        job = submit(d, dict(TINY, steps=100000), "--max-attempts", "3")
+        j = wait_for(lambda: running_with_steps(d, job), 120, "the job to run")
+        pid = int(j["worker_pid"])
+        os.kill(pid, signal.SIGTERM)
+        assert ftctl(d, "wait", job, timeout=120).returncode == 2
+        j = get(d, job)
+        assert j["state"] == "CANCELLED" and j["reason"] == "CANCELLED" and int(j["attempt"]) == 1, j
+        assert "cancelled from outside ftd" in j["message"] and "exit code 5" in j["message"], j["message"]
+        assert "before reporting" not in j["message"]
+        assert j["result"]["outcome"] == "CANCELLED"
+        assert daemon_metric(d, "ftd_job_completions_total", (("outcome", "cancelled"), ("state", "cancelled"))) == 1
+    finally:
+        d.stop()
+
+
 @pytest.mark.parametrize("policy,expect", [("requeue", "SUCCEEDED"), ("fail", "FAILED")])
 def test_restart_with_a_running_job_follows_the_policy(tmp_path, policy, expect):
     d = Daemon(tmp_path, "--restart-policy", policy)

@@ -90,6 +90,8 @@ struct RunHooks {
   // its end (done == total), so a watchdog that sees neither a step nor progress for long knows
   // the run is stuck rather than slow. total_bytes may grow as a phase opens what it reads.
   ProgressFn on_progress;
+  // After every optimizer step, whatever log_every is: liveness for a watchdog. Training thread.
+  std::function<void(int64_t step)> on_step_done;
 };
 
 // Runs the whole job: builds or loads the model, resumes from a checkpoint if asked, trains,

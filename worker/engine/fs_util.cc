@@ -9,20 +9,12 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "spec/input_files.h"
 
 namespace ftd::engine {
 namespace {
 
 std::string Prefix(std::string_view what) { return what.empty() ? std::string() : std::string(what) + ": "; }
-
-const char* FileKind(mode_t m) {
-  if (S_ISDIR(m)) return "a directory";
-  if (S_ISFIFO(m)) return "a FIFO";
-  if (S_ISSOCK(m)) return "a socket";
-  if (S_ISCHR(m)) return "a character device";
-  if (S_ISBLK(m)) return "a block device";
-  return "not a regular file";
-}
 
 }  // namespace
 
@@ -51,7 +43,8 @@ absl::StatusOr<Fd> OpenRegularFile(const std::string& path, std::string_view wha
   }
   if (!S_ISREG(st.st_mode)) {
     return absl::InvalidArgumentError(
-        absl::StrCat(Prefix(what), path, " is ", FileKind(st.st_mode), ", not a regular file (give a regular file)"));
+        absl::StrCat(Prefix(what), path, " is ", spec::FileTypeName(st.st_mode),
+                     ", not a regular file (give a regular file)"));
   }
   const int flags = ::fcntl(fd.get(), F_GETFL);
   if (flags < 0 || ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK) != 0) {

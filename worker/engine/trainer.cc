@@ -373,6 +373,7 @@ RunSummary Run(const TrainConfig& cfg, const RunHooks& hooks) {
         m.gpu_memory_used_bytes = sample.memory_used_bytes;
       }
     }
+    if (hooks.on_step_done) hooks.on_step_done(state.step);
     if (hooks.on_step && (state.step % cfg.log_every == 0 || state.step == cfg.steps || m.eval_loss)) hooks.on_step(m);
     if (profile_from >= 0 && state.step == cfg.steps) {
       const double wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - profile_t0).count();

@@ -1,0 +1,69 @@
+#include "spec/input_files.h"
+
+#include <sys/stat.h>
+
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace ftd::spec {
+namespace {
+
+enum class Want { kFile, kDirectory, kFileOrDirectory };
+
+// At most this much of a path is quoted back in a message.
+constexpr size_t kQuoteMax = 200;
+
+std::string Quote(const std::string& path) {
+  if (path.size() <= kQuoteMax) return absl::StrCat("\"", path, "\"");
+  return absl::StrCat("\"", absl::string_view(path).substr(0, kQuoteMax), "...\" (", path.size(), " bytes)");
+}
+
+absl::Status Check(absl::string_view field, const std::string& path, Want want) {
+  if (path.empty() || path.front() != '/') return absl::OkStatus();
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return absl::OkStatus();  // missing or unreadable: the worker says why
+  const bool file = S_ISREG(st.st_mode), dir = S_ISDIR(st.st_mode);
+  const char* expected = nullptr;
+  switch (want) {
+    case Want::kFile: if (!file) expected = "a regular file"; break;
+    case Want::kDirectory: if (!dir) expected = "a directory"; break;
+    case Want::kFileOrDirectory: if (!file && !dir) expected = "a regular file or a directory"; break;
+  }
+  if (expected == nullptr) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(field, " ", Quote(path), " is ", FileTypeName(st.st_mode),
+                                                 "; it must be ", expected));
+}
+
+}  // namespace
+
+const char* FileTypeName(mode_t mode) {
+  if (S_ISREG(mode)) return "a regular file";
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  return "not a regular file";
+}
+
+absl::Status CheckInputFiles(const TrainConfig& c) {
+  const struct {
+    absl::string_view field;
+    const std::string& path;
+    Want want;
+  } inputs[] = {
+      {"spec.data.path", c.data.path, Want::kFile},
+      {"spec.model.config_path", c.model.config_path, Want::kFileOrDirectory},
+      {"spec.model.weights_path", c.model.weights_path, Want::kDirectory},
+      {"spec.lora.adapter_path", c.lora.adapter_path, Want::kDirectory},
+      {"spec.checkpoint.dir", c.checkpoint.dir, Want::kDirectory},
+  };
+  for (const auto& in : inputs) {
+    if (auto st = Check(in.field, in.path, in.want); !st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ftd::spec

@@ -1,0 +1,28 @@
+// The files a job's spec names, checked where the daemon accepts the job: an input that exists but
+// is of the wrong type (a FIFO, a device, a socket, a directory where a file is expected, or a file
+// where a directory is) is refused at submission, naming the field. Reading a FIFO with no writer
+// would block the worker's training thread forever. The worker checks again when it opens each
+// file (worker/engine/fs_util.h), since a path can change between submission and the run.
+// Paths that do not exist yet, or are relative (resolved where the worker runs), are left to that
+// check. No protobuf, no LibTorch.
+#pragma once
+
+#include <sys/types.h>
+
+#include "absl/status/status.h"
+#include "spec/train_config.h"
+
+namespace ftd::spec {
+
+// "a directory", "a FIFO", "a socket", "a character device", "a block device", "a regular file".
+const char* FileTypeName(mode_t mode);
+
+// INVALID_ARGUMENT naming the first field whose existing path is of the wrong type:
+//   spec.data.path              a regular file
+//   spec.model.config_path      a regular file (config.json) or a directory holding one
+//   spec.model.weights_path     a directory
+//   spec.lora.adapter_path      a directory
+//   spec.checkpoint.dir         a directory
+absl::Status CheckInputFiles(const TrainConfig& config);
+
+}  // namespace ftd::spec

@@ -1,0 +1,87 @@
+#include "spec/input_files.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace ftd::spec {
+namespace {
+
+namespace fs = std::filesystem;
+
+class InputFiles : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("input_files_test-" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    std::ofstream(dir_ / "tokens.bin") << "xx";
+    ASSERT_EQ(::mkfifo((dir_ / "fifo").c_str(), 0600), 0);
+    fs::create_directories(dir_ / "weights");
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string P(const char* name) const { return (dir_ / name).string(); }
+  fs::path dir_;
+};
+
+TEST_F(InputFiles, AFifoAsDataIsRefusedNamingTheField) {
+  TrainConfig c;
+  c.data.path = P("fifo");
+  const auto st = CheckInputFiles(c);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("spec.data.path"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("is a FIFO; it must be a regular file"), std::string::npos) << st;
+}
+
+TEST_F(InputFiles, DevicesAndDirectoriesWhereAFileIsExpectedAreRefused) {
+  TrainConfig c;
+  c.data.path = "/dev/null";
+  EXPECT_NE(CheckInputFiles(c).message().find("a character device"), std::string::npos);
+  c.data.path = P("weights");
+  EXPECT_NE(CheckInputFiles(c).message().find("spec.data.path"), std::string::npos);
+  c.data.path = P("tokens.bin");
+  c.model.config_path = P("fifo");
+  EXPECT_NE(CheckInputFiles(c).message().find("spec.model.config_path"), std::string::npos);
+  c.model.config_path = P("weights");  // a directory holding config.json is fine
+  c.model.weights_path = P("tokens.bin");
+  EXPECT_NE(CheckInputFiles(c).message().find("spec.model.weights_path"), std::string::npos);
+  c.model.weights_path = P("weights");
+  c.lora.adapter_path = P("fifo");
+  EXPECT_NE(CheckInputFiles(c).message().find("spec.lora.adapter_path"), std::string::npos);
+  c.lora.adapter_path = "";
+  c.checkpoint.dir = P("tokens.bin");
+  EXPECT_NE(CheckInputFiles(c).message().find("spec.checkpoint.dir"), std::string::npos);
+}
+
+TEST_F(InputFiles, RightTypesMissingAndRelativePathsPass) {
+  TrainConfig c;
+  EXPECT_TRUE(CheckInputFiles(c).ok());  // no paths at all
+  c.data.path = P("tokens.bin");
+  c.model.config_path = P("tokens.bin");
+  c.model.weights_path = P("weights");
+  c.checkpoint.dir = P("not-yet");  // created by the worker
+  EXPECT_TRUE(CheckInputFiles(c).ok()) << CheckInputFiles(c);
+  c.data.path = P("missing.bin");  // the worker reports a missing file when it opens it
+  EXPECT_TRUE(CheckInputFiles(c).ok());
+  c.data.path = "fifo";  // relative: resolved where the worker runs
+  EXPECT_TRUE(CheckInputFiles(c).ok());
+}
+
+TEST_F(InputFiles, ALongPathIsNotEchoedWhole) {
+  TrainConfig c;
+  std::string dots;
+  for (int i = 0; i < 1500; ++i) dots += "./";
+  c.data.path = dir_.string() + "/" + dots + "fifo";
+  const auto st = CheckInputFiles(c);
+  ASSERT_FALSE(st.ok());
+  EXPECT_LT(st.message().size(), 400u) << st.message().size();
+  EXPECT_NE(st.message().find(absl::StrCat(c.data.path.size(), " bytes")), std::string::npos) << st;
+}
+
+}  // namespace
+}  // namespace ftd::spec
