@@ -419,9 +419,11 @@ def test_sigterm_drains_checkpoints_and_resumes(tmp_path):
         assert any((p / "MANIFEST.json").exists() for p in ck.iterdir())
         assert get(d, job)["reason"] in ("DAEMON_SHUTDOWN", "RUNNING")
         assert ftctl(d, "wait", job, timeout=600).returncode == 0
-        # drained within the grace (--grace-s 3), by the daemon's record of the worker's end
+        # drained within the grace (--grace-s 3), by the daemon's record of the worker's end; the
+        # slack covers a loaded 2-core machine (5.6 s seen there), while a drain that ignored the
+        # grace would run the 400 steps out, far longer
         shutdown = [ms for ms, s in state_events(d, job) if s["reason"] == "DAEMON_SHUTDOWN"]
-        assert len(shutdown) == 1 and shutdown[0] - sigterm_ms <= 3000 + 2000, (shutdown, sigterm_ms)
+        assert len(shutdown) == 1 and shutdown[0] - sigterm_ms <= 3000 + 7000, (shutdown, sigterm_ms)
         log = (d.data / "jobs" / job / "worker.log").read_text()
         assert "resumed from" in log
     finally:
