@@ -91,8 +91,8 @@ MUTANTS = [
            ["ftd-parity"], [PARITY + "[mha_tied_headdim]"]),
     Mutant("loss-mean-counts-masked", "the mean loss divides by every label, masked ones included",
            "worker/engine/model.cc",
-           "  return LossSum(ids, labels) / count;",
-           "  return LossSum(ids, labels) / static_cast<double>(labels.numel());",
+           "  return LossSum(ids, labels, layout) / count;",
+           "  return LossSum(ids, labels, layout) / static_cast<double>(labels.numel());",
            ["ftd-parity"], [PARITY + "[mqa_llama3_tied]"]),
     Mutant("checkpoint-dir-not-synced-before-rename", "a checkpoint is renamed into place before its directory is fsynced",
            "worker/engine/checkpoint.cc",
@@ -312,8 +312,12 @@ def main():
     scratch = Scratch(args.scratch)
     t0 = time.monotonic()
     scratch.prepare()
-    for m in chosen:  # every mutant's line must be where the list says, before spending time on builds
-        patched((scratch.path / m.file).read_text(), m)
+    try:  # every mutant's line must be where the list says, before spending time on builds
+        for m in chosen:
+            patched((scratch.path / m.file).read_text(), m)
+    except RuntimeError as e:
+        print(e)
+        return 2
     targets = sorted({t for m in chosen for t in m.targets})
     b = scratch.ninja(targets)
     if b.returncode != 0:
