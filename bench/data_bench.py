@@ -12,7 +12,9 @@ Runs (each `--steps`, the first `--warmup` not measured):
   ftd-pack  data.sequence "pack": rows of seq_len tokens, documents isolated (block-diagonal mask)
   ftd-pad   data.sequence "pad": one example per row, padded to seq_len
   hf-pad    LlamaForCausalLM (sdpa) + DataCollatorForSeq2Seq (pads each batch to its longest
-            example, labels -100), torch.optim.AdamW(fused=True) on the same examples in the same order
+            example, labels -100), torch.optim.AdamW(fused=True) on the same examples in the same
+            order as ftd-pad (file order; the generated file is in random order already), each
+            truncated to seq_len + 1 tokens as ftd-pad truncates them
 
 Reports per run: real-token tokens/s (padding not counted), all-token tokens/s, the loss-masked
 fraction of real tokens, peak memory. Prints a markdown table and writes data_bench.json.
@@ -117,7 +119,7 @@ def summarize(name, steps, warmup, extra=None):
 def run_ftd(args, out, model, tok_dir, jsonl, sequence):
     spec = {"model": model,
             "data": {"path": str(jsonl), "format": "chat", "sequence": sequence, "tokenizer_path": str(tok_dir),
-                     "cache_dir": str(out / "cache"), "shuffle": True, "seed": 1},
+                     "cache_dir": str(out / "cache"), "shuffle": False},
             "steps": args.steps, "batch_size": args.batch, "seq_len": args.seq, "device": args.device,
             "dtype": "bf16" if args.device != "cpu" else "fp32", "kernel_set": args.kernel_set,
             "optimizer": {"lr": 1e-5, "weight_decay": 0.1, "grad_clip": 1.0}, "checkpoint": {"enabled": False}}
@@ -172,7 +174,7 @@ def hf_child(args):
                              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
                             lr=1e-5, betas=(0.9, 0.95), eps=1e-8, fused=dev.type == "cuda")
     ids, loss_mask, docs = read_cache(args.cache)
-    order = np.random.default_rng(1).permutation(len(docs) - 1)
+    order = np.arange(len(docs) - 1)  # file order, as ftd-pad takes them (the file is shuffled already)
     collator = DataCollatorForSeq2Seq(tok, padding="longest", label_pad_token_id=-100, return_tensors="pt")
     w = args.seq  # HF shifts inside the model: seq tokens give seq-1 predictions, as our seq+1-token rows give seq
     steps, out = [], {"impl": "hf-pad", "steps": None}

@@ -149,6 +149,10 @@ int Prepare(const std::string& spec_path, const std::vector<std::string>& sets, 
       std::cerr << "ftd-worker prepare: " << prepared.status().message() << "\n";
       return absl::IsInvalidArgument(prepared.status()) || absl::IsNotFound(prepared.status()) ? 2 : 1;
     }
+    if (!prepared->cache_error.empty()) {
+      std::cerr << "ftd-worker prepare: " << prepared->cache_error << "\n";
+      return 1;
+    }
     const auto& c = prepared->corpus;
     std::cout << nlohmann::json{{"event", "prepared"},
                                 {"path", path},

@@ -371,3 +371,38 @@ def test_ids_outside_the_model_vocabulary_are_refused_before_training(tok_dir, t
     assert "outside the model's vocab_size 200" in result["message"]
     bad_id = int(re.search(r"is id (\d+)", result["message"]).group(1))
     assert 200 <= bad_id < len(hf)
+
+
+def test_loss_is_the_mean_over_the_steps_counted_tokens_across_accumulation(tok_dir, tmp_path):
+    """One step of 4 padded chat rows equals one step of 2 micro-batches of 2 rows: the loss is the
+    mean over every counted label of the step (rows with few counted labels weigh less), not a mean
+    of per-micro-batch means, so the first loss and the gradient norm agree."""
+    hf = hf_tokenizer(tok_dir)
+    tiny_model(tmp_path / "m", vocab=len(hf))
+    jsonl = write_jsonl(tmp_path / "c.jsonl", chat_examples(17, 8))
+    base = {"model": {"weights_path": str(tmp_path / "m")},
+            "data": {"path": str(jsonl), "format": "chat", "sequence": "pad", "tokenizer_path": str(tok_dir),
+                     "cache_dir": str(tmp_path / "cache")},
+            "steps": 1, "seq_len": 96, "device": "cpu", "dtype": "fp32"}
+    _, whole, _, _ = run_worker({**base, "batch_size": 4, "grad_accum_steps": 1}, tmp_path)
+    _, accum, _, _ = run_worker({**base, "batch_size": 2, "grad_accum_steps": 2}, tmp_path)
+    assert whole[0]["loss_tokens"] == accum[0]["loss_tokens"] > 0
+    assert abs(whole[0]["loss"] - accum[0]["loss"]) / whole[0]["loss"] <= 1e-5
+    assert abs(whole[0]["grad_norm"] - accum[0]["grad_norm"]) / whole[0]["grad_norm"] <= 1e-4
+
+
+def test_an_unwritable_cache_costs_a_tokenization_not_the_job(tok_dir, tmp_path):
+    hf = hf_tokenizer(tok_dir)
+    tiny_model(tmp_path / "m", vocab=len(hf))
+    jsonl = write_jsonl(tmp_path / "t.jsonl", [{"text": "the quick brown fox " * 4}] * 16)
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the cache directory would be")
+    job = {"model": {"weights_path": str(tmp_path / "m")},
+           "data": {"path": str(jsonl), "format": "text", "tokenizer_path": str(tok_dir),
+                    "cache_dir": str(blocker / "cache")},
+           "steps": 1, "batch_size": 2, "seq_len": 16, "device": "cpu", "dtype": "fp32"}
+    _, steps, result, err = run_worker(job, tmp_path)
+    assert result["outcome"] == "SUCCEEDED" and len(steps) == 1
+    assert "not cached: spec.data.cache_dir: cannot create" in err
+    p, _ = prepare(job, tmp_path, check=False)  # prepare exists to fill the cache: it fails
+    assert p.returncode == 1 and "spec.data.cache_dir" in p.stderr

@@ -215,10 +215,15 @@ absl::StatusOr<Prepared> PrepareJsonl(const PrepareRequest& r) {
   keep.skip_bad_lines = true;
   auto corpus = TokenizeJsonl(**tok, file->contents(), keep, r.path, r.parallel);
   if (!corpus.ok()) return corpus.status();
+  // A cache that cannot be written costs the next job a tokenization, not this one its run.
   std::error_code ec;
   fs::create_directories(root, ec);
-  if (ec) return absl::InternalError(absl::StrCat("spec.data.cache_dir: cannot create ", root, ": ", ec.message()));
-  if (auto s = WriteCorpus(out.dir, *corpus); !s.ok()) return s;
+  if (ec) {
+    out.cache_error = absl::StrCat("spec.data.cache_dir: cannot create ", root, ": ", ec.message());
+  } else if (auto s = WriteCorpus(out.dir, *corpus); !s.ok()) {
+    out.cache_error = absl::StrCat("spec.data.cache_dir: ", s.message());
+  }
+  if (!out.cache_error.empty()) out.dir.clear();
   if (corpus->bad_line_count > 0 && !r.format.skip_bad_lines) {
     return BadLinesError(corpus->bad_lines_summary);
   }

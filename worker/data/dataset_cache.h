@@ -26,8 +26,9 @@ struct PrepareRequest {
 
 struct Prepared {
   Corpus corpus;
-  std::string dir;      // the cache entry
-  bool reused = false;  // found in the cache rather than tokenized now
+  std::string dir;          // the cache entry; empty when it could not be written
+  bool reused = false;      // found in the cache rather than tokenized now
+  std::string cache_error;  // why the entry could not be written (the corpus is still returned)
 };
 
 // $FTD_DATA_CACHE, else $HOME/.cache/ftd/data, else /tmp/ftd-data-cache.

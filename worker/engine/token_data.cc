@@ -142,7 +142,9 @@ absl::Status TokenData::Load(const DataConfig& cfg, const std::string& path, con
                                                      static_cast<double>(num_tokens_)
                                                : 0.0,
                                c.bad_line_count > 0 ? absl::StrCat("; skipped ", c.bad_lines_summary) : "",
-                               prepared->reused ? "reused" : "tokenized into", prepared->dir);
+                               prepared->reused ? "reused" : "tokenized into",
+                               prepared->cache_error.empty() ? prepared->dir
+                                                             : absl::StrCat("memory (not cached: ", prepared->cache_error, ")"));
     meter.Finish();
     return absl::OkStatus();
   }
