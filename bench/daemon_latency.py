@@ -105,9 +105,10 @@ def main():
     data = tmp / "data"
     scripts = {"stream": {"steps": args.steps, "step_interval_ms": args.interval_ms, "result": "SUCCEEDED"},
                "flaky": {"exit": 1}, "hold": {"wait_for_stop": True}, "*": {"result": "SUCCEEDED"}}
-    addr = f"127.0.0.1:{free_port()}"
+    addr = f"unix:{tmp / 'ftd.sock'}"  # ftd's unix socket: the benchmark's user is an admin there
     log = open(tmp / "ftd.log", "wb")
-    proc = subprocess.Popen([str(ftd), "--listen", addr, "--metrics-listen", "", "--data-dir", str(data), "--gpus", "0",
+    proc = subprocess.Popen([str(ftd), "--listen", "", "--socket", str(tmp / "ftd.sock"), "--metrics-listen", "",
+                             "--data-dir", str(data), "--gpus", "0",
                              "--worker", str(fake), "--backoff-s", "0.02"], stdout=log, stderr=log,
                             env=dict(os.environ, FTD_FAKE_WORKER_SCRIPT=json.dumps(scripts)))
     channel = grpc.insecure_channel(addr)

@@ -22,10 +22,12 @@ def token_file(path, n, vocab=128256, seed=0):
 
 def start_ftd(build, data_dir, log_path):
     """Starts ftd and waits until it answers; returns (process, ftctl argv prefix, metrics address)."""
-    addr, metrics = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    # Clients on ftd's unix socket: the benchmark, as the user who started ftd, is an admin there.
+    sock, metrics = Path(data_dir) / "ftd.sock", f"127.0.0.1:{free_port()}"
+    addr = f"unix:{sock}"
     log = open(log_path, "wb")
-    proc = subprocess.Popen([str(Path(build) / "server" / "ftd"), "--listen", addr, "--metrics-listen", metrics,
-                             "--data-dir", str(data_dir)], stdout=log, stderr=log)
+    proc = subprocess.Popen([str(Path(build) / "server" / "ftd"), "--listen", "", "--socket", str(sock),
+                             "--metrics-listen", metrics, "--data-dir", str(data_dir)], stdout=log, stderr=log)
     ftctl = [str(Path(build) / "client" / "ftctl"), "--addr", addr]
     deadline = time.time() + 30
     while time.time() < deadline:

@@ -1,7 +1,4 @@
 // ftctl submit [SPEC.json|SPEC.yaml|- | --default] [--set field=value]... [--name N] [--priority P] [--wait]
-#include <pwd.h>
-#include <unistd.h>
-
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -25,12 +22,6 @@ struct SubmitFlags {
   std::vector<std::string> sets;
   int priority = 0, max_attempts = 0;
 };
-
-std::string UserName() {
-  if (const char* u = std::getenv("USER"); u != nullptr && *u != '\0') return u;
-  if (const passwd* pw = getpwuid(getuid()); pw != nullptr) return pw->pw_name;
-  return "unknown";
-}
 
 std::string NewRequestId() {
   std::random_device rd;
@@ -59,7 +50,7 @@ int RunSubmit(const SubmitFlags& f, Context& ctx) {
   req.set_name(f.name);
   req.set_priority(f.priority);
   if (f.max_attempts_given) req.set_max_attempts(f.max_attempts);  // unset: ftd's default
-  req.set_owner(f.owner.empty() ? UserName() : f.owner);
+  req.set_owner(f.owner);  // empty: ftd records the authenticated caller
   // Always idempotent: a submit retried after a lost answer cannot create a second job.
   req.set_request_id(f.request_id.empty() ? NewRequestId() : f.request_id);
   auto resp = ctx.client().Submit(req);
@@ -84,7 +75,7 @@ Command AddSubmit(CLI::App& app) {
   c->add_option("--kind", f->kind, "finetune or profile")->check(CLI::IsMember({"finetune", "profile"}));
   c->add_option("--priority", f->priority, "higher runs first, in [-1000, 1000] (default 0)");
   c->add_option("--request-id", f->request_id, "idempotency key: a repeated submit returns the same job");
-  c->add_option("--owner", f->owner, "owner (default: $USER)");
+  c->add_option("--owner", f->owner, "submit for another user (admins only; default: you, as ftd authenticates you)");
   c->add_option("--max-attempts", f->max_attempts, "attempts for infrastructure failures, 1..20 (default: ftd's)")
       ->each([f](const std::string&) { f->max_attempts_given = true; });
   c->add_flag("--wait", f->wait, "wait for the job to end; exit 0 succeeded, 1 failed, 2 cancelled");

@@ -19,6 +19,8 @@ Command AddCancel(CLI::App& app);
 Command AddProfile(CLI::App& app);
 Command AddCompare(CLI::App& app);
 Command AddCompletion(CLI::App& app);
+Command AddWhoAmI(CLI::App& app);
+Command AddAdmin(CLI::App& app);
 
 // A PROFILE job's report once it has one (profile, compare); FAILED_PRECONDITION saying why not.
 absl::StatusOr<ftd::v1::ProfileReport> FetchProfile(JobClient& client, const std::string& id);

@@ -87,39 +87,147 @@ std::string ConfigPath() {
 
 namespace {
 
-// Reads the config file if there is one; a file that exists but does not parse is an error.
-absl::Status LoadConfig(std::string* addr, double* timeout_s) {
-  const std::string path = ConfigPath();
-  if (path.empty() || !fs::exists(path)) return absl::OkStatus();
-  std::ifstream in(path);
-  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat("config file ", path,
-                                                   " is not a JSON object such as {\"addr\": \"host:7070\"}"));
-  }
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    if (it.key() == "addr" && it->is_string()) {
-      *addr = it->get<std::string>();
-    } else if (it.key() == "timeout_s" && it->is_number() && it->get<double>() > 0) {
-      *timeout_s = it->get<double>();
+// What the config file says (docs/ftctl.md).
+struct Config {
+  std::string path;  // "" when there is none
+  std::string addr;  // of the chosen context, else the file's top-level addr
+  double timeout_s = 0;
+  std::string context;
+  bool tls = false;
+  std::string ca_file, cert_file, key_file, token_file;
+};
+
+absl::Status BadConfig(const std::string& path, const std::string& why) {
+  return absl::InvalidArgumentError(absl::StrCat("config file ", path, ": ", why));
+}
+
+// A file named in the config: relative to the config file's folder.
+std::string Near(const std::string& config, const std::string& file) {
+  if (file.empty() || fs::path(file).is_absolute()) return file;
+  return (fs::path(config).parent_path() / file).string();
+}
+
+absl::Status ReadContext(const std::string& path, const std::string& name, const nlohmann::json& c, Config* out) {
+  if (!c.is_object()) return BadConfig(path, absl::StrCat("context \"", name, "\" is not an object"));
+  for (auto it = c.begin(); it != c.end(); ++it) {
+    const std::string& k = it.key();
+    if (k == "tls" && it->is_boolean()) {
+      out->tls = it->get<bool>();
+    } else if (it->is_string() && (k == "addr" || k == "ca_file" || k == "cert_file" || k == "key_file" ||
+                                   k == "token_file")) {
+      const std::string v = it->get<std::string>();
+      if (k == "addr") out->addr = v;
+      if (k == "ca_file") out->ca_file = Near(path, v);
+      if (k == "cert_file") out->cert_file = Near(path, v);
+      if (k == "key_file") out->key_file = Near(path, v);
+      if (k == "token_file") out->token_file = Near(path, v);
     } else {
-      return absl::InvalidArgumentError(absl::StrCat("config file ", path, ": unknown or invalid key \"", it.key(),
-                                                     "\" (known: \"addr\" (string), \"timeout_s\" (number > 0))"));
+      return BadConfig(path, absl::StrCat("context \"", name, "\": unknown or invalid key \"", k,
+                                          "\" (known: addr, ca_file, cert_file, key_file, token_file (strings), "
+                                          "tls (true/false))"));
     }
   }
+  out->tls = out->tls || !out->ca_file.empty() || !out->cert_file.empty();
   return absl::OkStatus();
+}
+
+// Reads the config file if there is one and picks the context: `wanted` (--context), else
+// $FTD_CONTEXT, else the file's current_context. A file named by $FTCTL_CONFIG must exist.
+absl::StatusOr<Config> LoadConfig(const std::string& wanted) {
+  Config cfg;
+  const std::string path = ConfigPath();
+  const char* env_path = std::getenv("FTCTL_CONFIG");
+  const bool named = env_path != nullptr && *env_path != '\0';
+  std::string want = wanted, want_source = "--context";
+  if (want.empty()) {
+    if (const char* e = std::getenv("FTD_CONTEXT"); e != nullptr && *e != '\0') {
+      want = e;
+      want_source = "$FTD_CONTEXT";
+    }
+  }
+  std::error_code ec;
+  if (path.empty() || (!named && !fs::exists(path, ec))) {
+    if (!want.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(want_source, " names context \"", want, "\" but there is no config file (",
+                                                     path.empty() ? "set $FTCTL_CONFIG" : path, ")"));
+    }
+    return cfg;
+  }
+  std::ifstream in(path);
+  if (!in) {
+    return absl::InvalidArgumentError(absl::StrCat("config file ", path, " (from $FTCTL_CONFIG) cannot be read: ",
+                                                   fs::exists(path, ec) ? "permission denied" : "it does not exist"));
+  }
+  cfg.path = path;
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return BadConfig(path, "is not a JSON object such as {\"addr\": \"host:7070\"} or {\"current_context\": \"lab\", "
+                           "\"contexts\": {\"lab\": {\"addr\": \"host:7070\", \"ca_file\": \"ca.pem\"}}}");
+  }
+  const nlohmann::json* contexts = nullptr;
+  std::string current;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (it.key() == "addr" && it->is_string()) {
+      cfg.addr = it->get<std::string>();
+    } else if (it.key() == "timeout_s" && it->is_number() && it->get<double>() > 0) {
+      cfg.timeout_s = it->get<double>();
+    } else if (it.key() == "current_context" && it->is_string()) {
+      current = it->get<std::string>();
+    } else if (it.key() == "contexts" && it->is_object()) {
+      contexts = &*it;
+    } else {
+      return BadConfig(path, absl::StrCat("unknown or invalid key \"", it.key(),
+                                          "\" (known: \"addr\" (string), \"timeout_s\" (number > 0), "
+                                          "\"current_context\" (string), \"contexts\" (object))"));
+    }
+  }
+  if (want.empty()) {
+    want = current;
+    want_source = "current_context";
+  }
+  if (want.empty()) return cfg;
+  if (contexts == nullptr || !contexts->contains(want)) {
+    std::string known;
+    if (contexts != nullptr) {
+      for (auto it = contexts->begin(); it != contexts->end(); ++it) absl::StrAppend(&known, known.empty() ? "" : ", ", it.key());
+    }
+    return BadConfig(path, absl::StrCat(want_source, " names context \"", want, "\", which it does not have (it has: ",
+                                        known.empty() ? "none" : known, ")"));
+  }
+  cfg.context = want;
+  cfg.addr.clear();
+  if (auto st = ReadContext(path, want, contexts->at(want), &cfg); !st.ok()) return st;
+  return cfg;
+}
+
+// The token from `path`: its first line, surrounding blanks removed. The message never holds it.
+absl::StatusOr<std::string> ReadToken(const std::string& path, const std::string& source) {
+  std::ifstream in(path);
+  std::string line;
+  if (!in || !std::getline(in, line)) {
+    return absl::InvalidArgumentError(absl::StrCat("the token file ", path, " (", source, ") cannot be read"));
+  }
+  const auto b = line.find_first_not_of(" \t\r");
+  const auto e = line.find_last_not_of(" \t\r");
+  if (b == std::string::npos) return absl::InvalidArgumentError(absl::StrCat("the token file ", path, " (", source, ") is empty"));
+  return line.substr(b, e - b + 1);
 }
 
 }  // namespace
 
 absl::StatusOr<ClientOptions> ResolveOptions(const GlobalFlags& flags) {
   std::string addr = absl::StrCat("127.0.0.1:", kDefaultPort), source = "the default";
-  double timeout_s = 30;
-  std::string config_addr;
-  if (auto st = LoadConfig(&config_addr, &timeout_s); !st.ok()) return st;
-  if (!config_addr.empty()) {
-    addr = config_addr;
-    source = absl::StrCat("from ", ConfigPath());
+  std::error_code ec;
+  if (fs::exists(kSystemSocket, ec)) {
+    addr = absl::StrCat("unix:", kSystemSocket);
+    source = "the default: the local ftd";
+  }
+  auto cfg = LoadConfig(flags.context);
+  if (!cfg.ok()) return cfg.status();
+  double timeout_s = cfg->timeout_s > 0 ? cfg->timeout_s : 30;
+  if (!cfg->addr.empty()) {
+    addr = cfg->addr;
+    source = cfg->context.empty() ? absl::StrCat("from ", cfg->path) : absl::StrCat("context ", cfg->context, " of ", cfg->path);
   }
   if (const char* env = std::getenv("FTD_ADDR"); env != nullptr && *env != '\0') {
     addr = env;
@@ -138,6 +246,20 @@ absl::StatusOr<ClientOptions> ResolveOptions(const GlobalFlags& flags) {
   opts.address = *normalized;
   opts.address_source = source;
   opts.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  opts.tls = cfg->tls;
+  opts.ca_file = cfg->ca_file;
+  opts.cert_file = cfg->cert_file;
+  opts.key_file = cfg->key_file;
+  std::string token_file = cfg->token_file, token_source = absl::StrCat("token_file of context ", cfg->context);
+  if (const char* e = std::getenv("FTD_TOKEN_FILE"); e != nullptr && *e != '\0') {
+    token_file = e;
+    token_source = "$FTD_TOKEN_FILE";
+  }
+  if (!token_file.empty()) {
+    auto token = ReadToken(token_file, token_source);
+    if (!token.ok()) return token.status();
+    opts.token = *token;
+  }
   return opts;
 }
 

@@ -33,9 +33,14 @@ int64_t NowUnixMs();
 
 // The flags every command takes (before or after the command's name).
 struct GlobalFlags {
-  std::string addr;      // empty: $FTD_ADDR, the config file, 127.0.0.1:7070
+  std::string addr;      // empty: $FTD_ADDR, the config file, the local socket, 127.0.0.1:7070
   double timeout_s = 0;  // 0: the config file's, else 30
+  std::string context;   // a named context of the config file (empty: $FTD_CONTEXT, the file's current_context)
 };
+
+// Where a local ftd listens for its users (the systemd unit's RuntimeDirectory): ftctl's default
+// address when that socket exists.
+inline constexpr const char* kSystemSocket = "/run/ftd/ftd.sock";
 
 // ftd's default port: an address without one gets it.
 inline constexpr int kDefaultPort = 7070;
@@ -50,7 +55,13 @@ absl::StatusOr<std::string> NormalizeAddress(const std::string& addr);
 std::string ConfigPath();
 
 // The connection settings from the flags, the environment and the config file, in that order of
-// precedence. A config file that exists but does not parse is INVALID_ARGUMENT naming it.
+// precedence (docs/ftctl.md). The config file names contexts, like kubeconfig:
+//   {"current_context": "lab", "timeout_s": 30,
+//    "contexts": {"lab": {"addr": "gpu-box:7070", "ca_file": "ca.pem", "token_file": "token",
+//                         "cert_file": "me.pem", "key_file": "me.key", "tls": true}}}
+// (relative files against the config file's folder). INVALID_ARGUMENT naming the file for one that
+// does not parse, one named by $FTCTL_CONFIG that cannot be read, an unknown context or key, and an
+// unreadable token file. The token is read here, from the context's token_file or $FTD_TOKEN_FILE.
 absl::StatusOr<ClientOptions> ResolveOptions(const GlobalFlags& flags);
 
 // What a command runs with: the resolved options and the client (which connects on its first call).

@@ -46,7 +46,10 @@ class ResolveTest : public ::testing::Test {
     dir_ = std::filesystem::temp_directory_path() / ("ftctl-context-test-" + std::to_string(::getpid()));
     std::filesystem::create_directories(dir_);
     setenv("FTCTL_CONFIG", (dir_ / "ftctl.json").c_str(), 1);
+    WriteConfig("{}");
     unsetenv("FTD_ADDR");
+    unsetenv("FTD_CONTEXT");
+    unsetenv("FTD_TOKEN_FILE");
   }
   void TearDown() override {
     unsetenv("FTCTL_CONFIG");
@@ -77,7 +80,7 @@ TEST_F(ResolveTest, PrecedenceIsFlagThenEnvironmentThenConfigThenDefault) {
   EXPECT_EQ(o->address, "[::1]:7070");
   EXPECT_EQ(o->address_source, "from $FTD_ADDR");
 
-  o = ResolveOptions({.addr = "localhost", .timeout_s = 1.5});
+  o = ResolveOptions({.addr = "localhost", .timeout_s = 1.5, .context = ""});
   ASSERT_TRUE(o.ok());
   EXPECT_EQ(o->address, "localhost:7070");
   EXPECT_EQ(o->address_source, "from --addr");
@@ -94,6 +97,44 @@ TEST_F(ResolveTest, BadConfigOrAddressNamesTheSource) {
   o = ResolveOptions({});
   ASSERT_FALSE(o.ok());
   EXPECT_NE(o.status().message().find("$FTD_ADDR"), std::string::npos) << o.status().message();
+}
+
+TEST_F(ResolveTest, ContextsGiveAddressTlsAndTokenAndAreChosenByFlagThenEnvironmentThenFile) {
+  std::ofstream(dir_ / "token") << "ftd_0123456789ab_secret\n";
+  WriteConfig(R"({"current_context": "a", "contexts": {
+      "a": {"addr": "box-a"},
+      "b": {"addr": "box-b:7443", "ca_file": "ca.pem", "token_file": "token"}}})");
+  auto o = ResolveOptions({});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->address, "box-a:7070");
+  EXPECT_FALSE(o->tls);
+  EXPECT_EQ(o->token, "");
+  setenv("FTD_CONTEXT", "b", 1);
+  o = ResolveOptions({});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->address, "box-b:7443");
+  EXPECT_TRUE(o->tls);
+  EXPECT_EQ(o->ca_file, (dir_ / "ca.pem").string());  // relative to the config file
+  EXPECT_EQ(o->token, "ftd_0123456789ab_secret");
+  o = ResolveOptions({.addr = "", .timeout_s = 0, .context = "a"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->address, "box-a:7070");
+  o = ResolveOptions({.addr = "", .timeout_s = 0, .context = "c"});
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("context \"c\""), std::string::npos) << o.status().message();
+  EXPECT_NE(o.status().message().find("a, b"), std::string::npos) << o.status().message();
+}
+
+TEST_F(ResolveTest, AMissingConfigNamedExplicitlyOrAnUnreadableTokenIsAnError) {
+  setenv("FTCTL_CONFIG", (dir_ / "missing.json").c_str(), 1);
+  auto o = ResolveOptions({});
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("does not exist"), std::string::npos) << o.status().message();
+  setenv("FTCTL_CONFIG", (dir_ / "ftctl.json").c_str(), 1);
+  setenv("FTD_TOKEN_FILE", (dir_ / "no-token").c_str(), 1);
+  o = ResolveOptions({});
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("no-token"), std::string::npos) << o.status().message();
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
 #include "client/job_client.h"
 
 #include <algorithm>
+#include <fstream>
 #include <optional>
+#include <sstream>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -29,11 +31,60 @@ std::string ConnectFailure(const grpc::Status& probe, std::chrono::milliseconds 
   if (absl::StrContains(m, "Connection refused")) return "connection refused (nothing listens there)";
   if (absl::StrContains(m, "No such file or directory")) return "no such socket";
   if (absl::StrContains(m, "Permission denied")) return "permission denied";
+  if (absl::StrContains(m, "SSL") || absl::StrContains(m, "ssl") || absl::StrContains(m, "andshake") ||
+      absl::StrContains(m, "certificate")) {
+    return "the TLS handshake failed (is ca_file the CA that signed ftd's certificate, is the certificate valid, "
+           "and does ftd listen with TLS?)";
+  }
   if (absl::StrContains(m, "DNS resolution failed") || absl::StrContains(m, "not known") ||
       absl::StrContains(m, "Name or service")) {
     return "the host name does not resolve";
   }
   return absl::StrCat("no answer within ", Seconds(waited));
+}
+
+// Reads a PEM file named in the client's settings.
+absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  if (!in || s.str().empty()) return absl::InvalidArgumentError(absl::StrCat(what, " ", path, " cannot be read"));
+  return s.str();
+}
+
+// Whether a plain-text connection to `address` stays on this machine (a unix socket, loopback).
+bool StaysLocal(const std::string& address) {
+  if (absl::StartsWith(address, "unix:") || absl::StartsWith(address, "unix-abstract:")) return true;
+  for (const char* p : {"127.", "localhost:", "[::1]:", "ipv4:127.", "ipv6:[::1]", "dns:///localhost:"}) {
+    if (absl::StartsWith(address, p)) return true;
+  }
+  return false;
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(const ClientOptions& o) {
+  if (!o.tls) {
+    if (!o.token.empty() && !StaysLocal(o.address)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "refusing to send a token in clear to ", o.address, ": give the context a ca_file (TLS), or use ftd's unix "
+          "socket on that machine"));
+    }
+    return grpc::InsecureChannelCredentials();
+  }
+  grpc::SslCredentialsOptions s;
+  if (!o.ca_file.empty()) {
+    auto ca = ReadPem(o.ca_file, "ca_file");
+    if (!ca.ok()) return ca.status();
+    s.pem_root_certs = *ca;
+  }
+  if (!o.cert_file.empty() || !o.key_file.empty()) {
+    auto cert = ReadPem(o.cert_file, "cert_file");
+    if (!cert.ok()) return cert.status();
+    auto key = ReadPem(o.key_file, "key_file");
+    if (!key.ok()) return key.status();
+    s.pem_cert_chain = *cert;
+    s.pem_private_key = *key;
+  }
+  return grpc::SslCredentials(s);
 }
 
 }  // namespace
@@ -46,8 +97,18 @@ JobClient::JobClient(ClientOptions opts) : opts_(std::move(opts)) {
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
   args.SetMaxReceiveMessageSize(64 << 20);
-  channel_ = grpc::CreateCustomChannel(opts_.address, grpc::InsecureChannelCredentials(), args);
+  auto creds = ChannelCredentials(opts_);
+  if (!creds.ok()) {
+    setup_ = creds.status();
+    creds = grpc::InsecureChannelCredentials();
+  }
+  channel_ = grpc::CreateCustomChannel(opts_.address, *creds, args);
   stub_ = ftd::v1::JobService::NewStub(channel_);
+  admin_ = ftd::v1::AdminService::NewStub(channel_);
+}
+
+void JobClient::Prepare(grpc::ClientContext* ctx) const {
+  if (!opts_.token.empty()) ctx->AddMetadata("authorization", "Bearer " + opts_.token);
 }
 
 bool JobClient::WaitConnected(Clock::time_point deadline) {
@@ -68,6 +129,7 @@ absl::Status JobClient::Unreachable(const std::string& why) const {
 }
 
 absl::Status JobClient::EnsureContact() {
+  if (!setup_.ok()) return setup_;
   if (contacted_) return absl::OkStatus();
   const auto start = Clock::now();
   if (WaitConnected(start + opts_.connect_timeout)) {
@@ -77,6 +139,7 @@ absl::Status JobClient::EnsureContact() {
   if (interrupted_) return absl::CancelledError("interrupted");
   // One quick call that does not wait for the connection asks gRPC why it failed.
   grpc::ClientContext ctx;
+  Prepare(&ctx);
   ctx.set_deadline(Clock::now() + std::chrono::milliseconds(100));
   ftd::v1::GetJobRequest req;
   ftd::v1::Job job;
@@ -96,6 +159,7 @@ absl::StatusOr<Resp> JobClient::Unary(Call&& call) {
   grpc::Status last;
   for (int attempt = 0;; ++attempt) {
     grpc::ClientContext ctx;
+    Prepare(&ctx);
     ctx.set_deadline(deadline);
     // Contact was made: a connection lost since (a daemon restart) is waited for, up to the deadline.
     ctx.set_wait_for_ready(true);
@@ -147,9 +211,36 @@ absl::StatusOr<ftd::v1::Job> JobClient::Cancel(const std::string& id) {
   return Unary<ftd::v1::Job>([&](grpc::ClientContext* c, ftd::v1::Job* r) { return stub_->CancelJob(c, req, r); });
 }
 
+absl::StatusOr<ftd::v1::Identity> JobClient::WhoAmI() {
+  ftd::v1::WhoAmIRequest req;
+  return Unary<ftd::v1::Identity>([&](grpc::ClientContext* c, ftd::v1::Identity* r) { return admin_->WhoAmI(c, req, r); });
+}
+
+absl::StatusOr<ftd::v1::CreateTokenResponse> JobClient::CreateToken(const ftd::v1::CreateTokenRequest& req) {
+  return Unary<ftd::v1::CreateTokenResponse>(
+      [&](grpc::ClientContext* c, ftd::v1::CreateTokenResponse* r) { return admin_->CreateToken(c, req, r); });
+}
+
+absl::StatusOr<ftd::v1::ListTokensResponse> JobClient::ListTokens(const ftd::v1::ListTokensRequest& req) {
+  return Unary<ftd::v1::ListTokensResponse>(
+      [&](grpc::ClientContext* c, ftd::v1::ListTokensResponse* r) { return admin_->ListTokens(c, req, r); });
+}
+
+absl::StatusOr<ftd::v1::Token> JobClient::RevokeToken(const std::string& id) {
+  ftd::v1::RevokeTokenRequest req;
+  req.set_id(id);
+  return Unary<ftd::v1::Token>([&](grpc::ClientContext* c, ftd::v1::Token* r) { return admin_->RevokeToken(c, req, r); });
+}
+
+absl::StatusOr<ftd::v1::ListAuditResponse> JobClient::ListAudit(const ftd::v1::ListAuditRequest& req) {
+  return Unary<ftd::v1::ListAuditResponse>(
+      [&](grpc::ClientContext* c, ftd::v1::ListAuditResponse* r) { return admin_->ListAudit(c, req, r); });
+}
+
 absl::Status JobClient::DownloadTrace(const std::string& id, std::ostream& out, int64_t* bytes) {
   if (auto st = EnsureContact(); !st.ok()) return st;
   grpc::ClientContext ctx;
+  Prepare(&ctx);
   // Big traces take a while; the deadline covers the whole transfer, generously.
   ctx.set_deadline(Clock::now() + std::max(opts_.timeout, std::chrono::milliseconds(600000)));
   {
@@ -208,6 +299,7 @@ absl::Status JobClient::Watch(const std::string& id, int64_t after_seq,
       if (on_connection) on_connection(ConnectionEvent::kRestored, "");
     }
     grpc::ClientContext ctx;
+    Prepare(&ctx);
     ctx.set_wait_for_ready(true);
     // A long-lived stream, reopened now and then so that a connection that died silently is noticed.
     ctx.set_deadline(Clock::now() + opts_.stream_renewal);

@@ -19,6 +19,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "ftd/v1/admin.grpc.pb.h"
 #include "ftd/v1/jobs.grpc.pb.h"
 
 namespace ftd::client {
@@ -30,6 +31,13 @@ struct ClientOptions {
   std::chrono::milliseconds timeout{30000};          // per unary call, retries included; watch: per reconnection
   std::chrono::milliseconds connect_timeout{2000};   // the first contact (at most `timeout`)
   std::chrono::milliseconds stream_renewal{300000};  // a quiet watch stream is reopened this often
+  // Security (docs/security.md). TLS when `tls`: the server is checked against `ca_file` (PEM; empty:
+  // the system's roots); `cert_file`/`key_file` present a client certificate (mutual TLS).
+  bool tls = false;
+  std::string ca_file, cert_file, key_file;
+  // A bearer token, sent as "authorization: Bearer ..." on every call. Read from a file, never from
+  // the command line (it would show in ps); never printed.
+  std::string token;
 };
 
 // How a watch's connection goes, for the caller to tell the user.
@@ -54,6 +62,13 @@ class JobClient {
   // Writes a PROFILE job's Chrome trace to `out` as it streams in; *bytes is what was written.
   absl::Status DownloadTrace(const std::string& id, std::ostream& out, int64_t* bytes);
 
+  // ftd.v1.AdminService.
+  absl::StatusOr<ftd::v1::Identity> WhoAmI();
+  absl::StatusOr<ftd::v1::CreateTokenResponse> CreateToken(const ftd::v1::CreateTokenRequest& req);
+  absl::StatusOr<ftd::v1::ListTokensResponse> ListTokens(const ftd::v1::ListTokensRequest& req);
+  absl::StatusOr<ftd::v1::Token> RevokeToken(const std::string& id);
+  absl::StatusOr<ftd::v1::ListAuditResponse> ListAudit(const ftd::v1::ListAuditRequest& req);
+
   // Ends a call in progress (a watch, a wait for ftd) from another thread, e.g. on Ctrl-C.
   void Interrupt();
 
@@ -67,10 +82,14 @@ class JobClient {
   absl::Status Unreachable(const std::string& why) const;
   template <typename Resp, typename Call>
   absl::StatusOr<Resp> Unary(Call&& call);
+  // Adds the call credentials (the token) to a call's context.
+  void Prepare(grpc::ClientContext* ctx) const;
 
   ClientOptions opts_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<ftd::v1::JobService::Stub> stub_;
+  std::unique_ptr<ftd::v1::AdminService::Stub> admin_;
+  absl::Status setup_;  // a channel that could not be made (an unreadable CA file): every call returns it
   bool contacted_ = false;
   std::mutex mu_;
   grpc::ClientContext* active_ = nullptr;  // the call in flight that Interrupt cancels

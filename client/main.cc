@@ -21,10 +21,11 @@ int main(int argc, char** argv) {
   app.add_option("--addr", flags.addr, "ftd address host:port (default: $FTD_ADDR, the config file, 127.0.0.1:7070)");
   app.add_option("--timeout", flags.timeout_s, "seconds each call may take, retries included (default 30)")
       ->check(CLI::PositiveNumber);
+  app.add_option("--context", flags.context, "a context of the config file (default: $FTD_CONTEXT, its current_context)");
 
   const std::vector<Command> commands = {AddSubmit(app), AddList(app),    AddGet(app),     AddWatch(app),
                                          AddCancel(app), AddWait(app),    AddProfile(app), AddCompare(app),
-                                         AddCompletion(app)};
+                                         AddCompletion(app), AddWhoAmI(app),  AddAdmin(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --version

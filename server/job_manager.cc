@@ -248,7 +248,8 @@ std::vector<std::string> JobManager::FreeSlotsLocked() const {
 // ---------------------------------------------------------------------------------------------
 // Client API
 
-absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::Submit(const ftd::v1::SubmitJobRequest& req) {
+absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::Submit(const ftd::v1::SubmitJobRequest& req,
+                                                              const std::string& submitted_by) {
   {
     std::lock_guard<std::mutex> l(mu_);
     if (draining_) return absl::UnavailableError("ftd is shutting down; submit again once it is back");
@@ -289,6 +290,7 @@ absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::Submit(const ftd::v1::Sub
   job.set_name(req.name());
   job.set_kind(req.kind() == ftd::v1::JOB_KIND_UNSPECIFIED ? ftd::v1::FINETUNE : req.kind());
   job.set_owner(req.owner().empty() ? "unknown" : req.owner());
+  job.set_submitted_by(submitted_by);
   job.set_priority(req.priority());
   job.set_state(ftd::v1::QUEUED);
   job.set_reason("WAITING_FOR_SLOT");
@@ -380,13 +382,14 @@ absl::StatusOr<ftd::v1::ListJobsResponse> JobManager::List(const ftd::v1::ListJo
   return resp;
 }
 
-absl::StatusOr<Job> JobManager::Cancel(const std::string& id) {
+absl::StatusOr<Job> JobManager::Cancel(const std::string& id, const std::string& cancelled_by) {
   std::lock_guard<std::mutex> l(mu_);
   if (queue_.Contains(id)) {
     auto job = TransitionLocked(id, [&](Job& job) {
       job.set_state(ftd::v1::CANCELLED);
       job.set_reason(std::string(Info(Reason::kCancelled).code));
       job.set_message("cancelled while queued");
+      job.set_cancelled_by(cancelled_by);
       job.set_finished_unix_ms(clock_->UnixMs());
       job.mutable_result()->set_outcome(RunResult::CANCELLED);
       job.mutable_result()->set_message(job.message());
@@ -409,6 +412,7 @@ absl::StatusOr<Job> JobManager::Cancel(const std::string& id) {
     if (a.pid > 0) launcher_->Stop(a.pid, std::chrono::milliseconds(cfg_.grace_ms));  // else: once launched
     return TransitionLocked(id, [&](Job& job) {
       job.set_reason("CANCELLING");
+      job.set_cancelled_by(cancelled_by);
       job.set_message(absl::StrCat("stopping the worker (SIGTERM, SIGKILL after ", cfg_.grace_ms / 1000.0, "s)"));
       return absl::OkStatus();
     });

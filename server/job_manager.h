@@ -73,10 +73,12 @@ class JobManager {
   // waits for them until `deadline`; kills what is left.
   void Drain(std::chrono::steady_clock::time_point deadline);
 
-  absl::StatusOr<ftd::v1::SubmitJobResponse> Submit(const ftd::v1::SubmitJobRequest& req);
+  // `submitted_by` / `cancelled_by`: the authenticated caller, recorded in the job.
+  absl::StatusOr<ftd::v1::SubmitJobResponse> Submit(const ftd::v1::SubmitJobRequest& req,
+                                                    const std::string& submitted_by = "");
   absl::StatusOr<ftd::v1::Job> Get(const std::string& id);
   absl::StatusOr<ftd::v1::ListJobsResponse> List(const ftd::v1::ListJobsRequest& req);
-  absl::StatusOr<ftd::v1::Job> Cancel(const std::string& id);
+  absl::StatusOr<ftd::v1::Job> Cancel(const std::string& id, const std::string& cancelled_by = "");
 
   // One client's watch of a job's event log.
   class Watch {

@@ -1,5 +1,7 @@
-// ftd: the fine-tuning job daemon. Serves ftd.v1.JobService and grpc.health.v1 over TCP, the worker
-// protocol over a unix socket in its data directory, and Prometheus metrics over HTTP.
+// ftd: the fine-tuning job daemon. Serves ftd.v1.JobService, ftd.v1.AdminService and grpc.health.v1
+// to local users on a unix socket (identity: the peer's uid) and to remote users over TCP (TLS,
+// tokens or client certificates; docs/security.md), the worker protocol over a unix socket in its
+// data directory, and Prometheus metrics over HTTP.
 // SIGTERM/SIGINT drain: running workers are asked to stop (they checkpoint) and their jobs are
 // requeued, within --drain-timeout-s; then the servers stop.
 #include <cuda_runtime_api.h>
@@ -18,8 +20,12 @@
 #include <thread>
 
 #include "CLI/CLI.hpp"
+#include "server/admin_service.h"
+#include "server/auth.h"
+#include "server/auth_store.h"
 #include "server/job_manager.h"
 #include "server/memory_fit.h"
+#include "server/listen_config.h"
 #include "server/metrics.h"
 #include "server/service.h"
 #include "server/store.h"
@@ -103,7 +109,28 @@ int main(int argc, char** argv) {
   app.add_option("--worker-memory-max", worker_memory_max,
                  "memory limit of each worker's cgroup, and the bound on CPU jobs at submit (e.g. 16GiB; 0: 90% of RAM)")
       ->transform(CLI::AsSizeValue(false));
+  ftd::server::ListenConfig lc;
+  app.add_option("--socket", lc.socket,
+                 "unix socket for local users, identified by uid (default: $RUNTIME_DIRECTORY/ftd.sock under "
+                 "systemd, else DATA_DIR/ftd.sock)");
+  app.add_option("--tls-cert", lc.tls_cert, "PEM certificate chain for --listen (TLS)");
+  app.add_option("--tls-key", lc.tls_key, "PEM private key of --tls-cert");
+  app.add_option("--tls-client-ca", lc.tls_client_ca,
+                 "PEM CA bundle: clients presenting a certificate it signed are the certificate's CN (mutual TLS)");
+  app.add_flag("--insecure-listen-without-tls", lc.insecure,
+               "allow --listen on a non-loopback address without TLS: tokens then cross the network in clear");
+  std::vector<std::string> admins;
+  app.add_option("--admin", admins, "a local user or certificate CN with the admin role (repeatable; root and "
+                                    "ftd's own user always are)");
+  int priority_cap = 100;
+  app.add_option("--max-user-priority", priority_cap, "the highest priority a non-admin may submit with")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  lc.listen = listen;
+  if (auto st = lc.Resolve(data_dir); !st.ok()) {
+    std::cerr << "ftd: " << st.message() << "\n";
+    return 1;
+  }
 
   // Signals go to one thread (sigwait below); every other thread, and gRPC's, have them blocked.
   sigset_t sigs;
@@ -120,9 +147,15 @@ int main(int argc, char** argv) {
     return 1;
   }
   data_dir = fs::canonical(data_dir).string();
+  if (lc.socket.empty()) lc.socket = (fs::path(data_dir) / "ftd.sock").string();
   auto store = ftd::server::Store::Open((fs::path(data_dir) / "ftd.db").string());
   if (!store.ok()) {
     std::cerr << "ftd: " << store.status().message() << "\n";
+    return 1;
+  }
+  auto auth_store = ftd::server::AuthStore::Open((fs::path(data_dir) / "auth.db").string());
+  if (!auth_store.ok()) {
+    std::cerr << "ftd: " << auth_store.status().message() << "\n";
     return 1;
   }
   ftd::server::Metrics metrics;
@@ -171,21 +204,43 @@ int main(int argc, char** argv) {
   ftd::server::JobManager manager(mc, store->get(), &metrics, &launcher, &clock);
 
   std::atomic<bool> stopping{false};
-  ftd::server::JobServiceImpl jobs(&manager, &stopping);
+  auto local = ftd::server::UnixListener::Listen(lc.socket);
+  if (!local.ok()) {
+    std::cerr << "ftd: " << local.status().message() << "\n";
+    return 1;
+  }
+  ftd::server::AuthConfig ac;
+  ac.admins = {admins.begin(), admins.end()};
+  ac.daemon_uid = ::getuid();
+  ac.client_certs = !lc.tls_client_ca.empty();
+  ftd::server::Authenticator authenticator(ac, auth_store->get(), &clock, local->get());
+  ftd::server::CallAuth call_auth(&authenticator, auth_store->get(), &clock);
+  ftd::server::JobServiceImpl jobs(&manager, &stopping, &call_auth, priority_cap);
+  ftd::server::AdminServiceImpl admin(&call_auth, auth_store->get(), &clock);
   ftd::server::WorkerServiceImpl workers(&manager);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder pub;
   int port = 0;
-  pub.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  auto creds = lc.Credentials();
+  if (!creds.ok()) {
+    std::cerr << "ftd: " << creds.status().message() << "\n";
+    return 1;
+  }
+  if (!lc.listen.empty()) pub.AddListeningPort(lc.listen, *creds, &port);
   // gRPC sets SO_REUSEPORT by default: a second ftd on a taken port would then start and share it.
   pub.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   pub.RegisterService(&jobs);
+  pub.RegisterService(&admin);
   pub.SetMaxReceiveMessageSize(4 << 20);
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(call_auth.InterceptorFactory());
+  pub.experimental().SetInterceptorCreators(std::move(interceptors));
   std::unique_ptr<grpc::Server> server = pub.BuildAndStart();
-  if (server == nullptr || port == 0) {
+  if (server == nullptr || (!lc.listen.empty() && port == 0)) {
     std::cerr << "ftd: cannot listen on --listen " << listen << " (in use, or not host:port)\n";
     return 1;
   }
+  (*local)->Serve(server.get());
   grpc::ServerBuilder priv;
   priv.AddListeningPort("unix:" + sock, grpc::InsecureServerCredentials());
   priv.RegisterService(&workers);
@@ -199,7 +254,8 @@ int main(int argc, char** argv) {
     std::cerr << "ftd: " << st.message() << "\n";
     return 1;
   }
-  std::cerr << "ftd: serving on " << listen << " (port " << port << "), metrics on "
+  std::cerr << "ftd: serving on unix:" << lc.socket << " (local users), "
+            << (lc.listen.empty() ? std::string("no TCP") : lc.Describe(port)) << ", metrics on "
             << (metrics_listen.empty() ? "(off)" : metrics_listen) << ", " << manager.slots() << " slot(s) ("
             << (mc.gpus > 0 ? "GPU" : "CPU") << "), data in " << data_dir << "; workers: "
             << (cgroups != nullptr ? cgroups->Describe() : "no cgroup") << std::endl;
@@ -211,6 +267,7 @@ int main(int argc, char** argv) {
   manager.CloseWatches();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int>(drain_s * 1000));
   manager.Drain(deadline);
+  (*local)->Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   worker_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   std::cerr << "ftd: stopped" << std::endl;

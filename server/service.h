@@ -1,5 +1,7 @@
 // Thin gRPC handlers over JobManager: translate the request, call the manager, translate back
-// (errors through the one map in proto/grpc_status.h).
+// (errors through the one map in proto/grpc_status.h). Each public handler runs for the caller the
+// auth interceptor established (server/auth.h, through Authed in handler.h) and asks
+// server/authz.h whether it may act.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -9,6 +11,7 @@
 #include "absl/status/status.h"
 #include "ftd/v1/jobs.grpc.pb.h"
 #include "ftd/v1/worker.grpc.pb.h"
+#include "server/auth.h"
 #include "server/job_manager.h"
 
 namespace ftd::server {
@@ -19,7 +22,9 @@ namespace ftd::server {
 class JobServiceImpl final
     : public ftd::v1::JobService::WithRawCallbackMethod_SubmitJob<ftd::v1::JobService::Service> {
  public:
-  JobServiceImpl(JobManager* m, const std::atomic<bool>* stopping) : m_(m), stopping_(stopping) {}
+  // `priority_cap`: the highest priority a non-admin may submit with.
+  JobServiceImpl(JobManager* m, const std::atomic<bool>* stopping, const CallAuth* auth, int priority_cap)
+      : m_(m), stopping_(stopping), auth_(auth), priority_cap_(priority_cap) {}
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext*, const grpc::ByteBuffer*,
                                       grpc::ByteBuffer*) override;
   grpc::Status GetJob(grpc::ServerContext*, const ftd::v1::GetJobRequest*, ftd::v1::Job*) override;
@@ -31,10 +36,11 @@ class JobServiceImpl final
                         grpc::ServerWriter<ftd::v1::TraceChunk>*) override;
 
  private:
-  grpc::Status Submit(grpc::ServerContextBase* ctx, const ftd::v1::SubmitJobRequest& req,
-                      ftd::v1::SubmitJobResponse* resp);
+  grpc::Status Submit(const Identity& who, const ftd::v1::SubmitJobRequest& req, ftd::v1::SubmitJobResponse* resp);
   JobManager* m_;
   const std::atomic<bool>* stopping_;
+  const CallAuth* auth_;
+  int priority_cap_;
 };
 
 class WorkerServiceImpl final : public ftd::v1::WorkerService::Service {

@@ -30,14 +30,18 @@ def free_port():
 
 class Daemon:
     """`scripts` ({job name: script}) runs the jobs so named with ftd-fake-worker acting out the
-    script, and every other job with the real ftd-worker. `unix_socket` serves clients on a socket
-    in `tmp` instead of a loopback port: for tests that restart the daemon while clients retry, so
-    that no other process can take the port in between and answer them."""
+    script, and every other job with the real ftd-worker. Clients reach it on its unix socket
+    (`addr`, `socket`: in `tmp` unless given), where the test, as root, is an admin; `tcp` is its
+    loopback port, where calls need a token or a client certificate. `unix_socket` leaves TCP off:
+    for tests that restart the daemon while clients retry, so that no other process can take the
+    port in between and answer them."""
 
-    def __init__(self, tmp, *flags, env=None, scripts=None, unix_socket=False):
+    def __init__(self, tmp, *flags, env=None, scripts=None, unix_socket=False, socket=None):
         self.data = Path(tmp) / "data"
         self.port, self.metrics_port = free_port(), free_port()
-        self.addr = f"unix:{Path(tmp) / 'ftd.sock'}" if unix_socket else f"127.0.0.1:{self.port}"
+        self.socket = Path(socket) if socket else Path(tmp) / "ftd.sock"
+        self.addr = f"unix:{self.socket}"
+        self.tcp = "" if unix_socket else f"127.0.0.1:{self.port}"
         self.flags = list(flags)
         self.env = dict(os.environ, **(env or {}))
         if scripts is not None:
@@ -51,7 +55,7 @@ class Daemon:
         self.log.flush()
         self._log_from = Path(self.log.name).stat().st_size
         self.proc = subprocess.Popen(
-            [str(FTD), "--listen", self.addr, "--metrics-listen", f"127.0.0.1:{self.metrics_port}",
+            [str(FTD), "--listen", self.tcp, "--socket", str(self.socket), "--metrics-listen", f"127.0.0.1:{self.metrics_port}",
              "--data-dir", str(self.data), "--gpus", "0", "--backoff-s", "0.2", "--grace-s", "3",
              "--heartbeat-timeout-s", "5", *self.flags],
             stdout=self.log, stderr=self.log, env=self.env)
@@ -109,10 +113,20 @@ def stop_process(proc, grace=30):
             proc.wait()
 
 
-def ftctl(daemon, *args, timeout=120, input=None):
+def ftctl(daemon, *args, timeout=120, input=None, env=None):
     addr = daemon.addr if hasattr(daemon, "addr") else daemon
     return subprocess.run([str(FTCTL), "--addr", addr, *args], capture_output=True, text=True, timeout=timeout,
-                          input=input)
+                          input=input, env=env)
+
+
+def make_token(daemon, user, *args):
+    """A token for `user` made over the daemon's unix socket (as root: an admin), in a file of mode 0600."""
+    p = ftctl(daemon, "admin", "token", "create", user, *args)
+    assert p.returncode == 0, p.stderr
+    path = Path(daemon.data).parent / f"token-{user}-{time.monotonic_ns()}"
+    path.write_text(p.stdout)
+    path.chmod(0o600)
+    return path
 
 
 def submit(daemon, spec, *args):

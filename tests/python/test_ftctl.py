@@ -12,18 +12,18 @@ import time
 
 import pytest
 
-from ftdservice import FTCTL, FTD, TINY, Daemon, free_port, ftctl, get, stop_process, submit, wait_for
+from ftdservice import FTCTL, FTD, TINY, Daemon, free_port, ftctl, get, make_token, stop_process, submit, wait_for
 
 
 class DaemonAt(Daemon):
-    """A Daemon listening on a given address (a host name, a unix socket)."""
+    """A Daemon listening on a given TCP address (a host name) beside its unix socket."""
 
     def __init__(self, tmp, listen, *flags):
         self._listen = listen
         super().__init__(tmp, *flags)
 
     def start(self, wait=True):
-        self.addr = self._listen
+        self.tcp = self._listen
         super().start(wait)
 
 
@@ -31,7 +31,7 @@ def test_ftd_refuses_a_port_in_use_at_once(tmp_path, daemon):
     # A second ftd on the first one's port must fail fast and say why on stderr (gRPC's default
     # SO_REUSEPORT would let it start and share the port).
     t0 = time.monotonic()
-    p = subprocess.Popen([str(FTD), "--listen", daemon.addr, "--metrics-listen", "",
+    p = subprocess.Popen([str(FTD), "--listen", daemon.tcp, "--metrics-listen", "", "--socket", str(tmp_path / "2.sock"),
                           "--data-dir", str(tmp_path / "second"), "--gpus", "0"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -40,7 +40,7 @@ def test_ftd_refuses_a_port_in_use_at_once(tmp_path, daemon):
         stop_process(p)
         raise AssertionError("a second ftd on a port in use kept running")
     assert p.returncode != 0
-    assert f"cannot listen on --listen {daemon.addr}" in err and "in use" in err, err
+    assert f"cannot listen on --listen {daemon.tcp}" in err and "in use" in err, err
     assert time.monotonic() - t0 < 5
 
 
@@ -74,7 +74,8 @@ def test_timeout_bounds_every_call(cmd):
 
 
 def test_address_sources_are_named_and_a_bad_one_is_refused(tmp_path):
-    env = dict(os.environ, FTD_ADDR=f"127.0.0.1:{free_port()}", FTCTL_CONFIG=str(tmp_path / "none.json"))
+    (tmp_path / "empty.json").write_text("{}")
+    env = dict(os.environ, FTD_ADDR=f"127.0.0.1:{free_port()}", FTCTL_CONFIG=str(tmp_path / "empty.json"))
     p, _ = _timed("list", env=env)
     assert p.returncode == 3 and "(from $FTD_ADDR)" in p.stderr, p.stderr
     p, _ = _timed("--addr", "gpu-box:http", "list", env=env)
@@ -90,8 +91,9 @@ def test_host_without_port_gets_ftds_default_port(tmp_path):
             pytest.skip("port 7070 is in use on this machine")
     d = DaemonAt(tmp_path, "localhost:7070")
     try:
+        env = dict(os.environ, FTD_TOKEN_FILE=str(make_token(d, "ana")))
         for addr in ("localhost", "127.0.0.1"):
-            p = ftctl(addr, "list")
+            p = ftctl(addr, "list", env=env)
             assert p.returncode == 0 and p.stdout.startswith("ID"), (addr, p.stderr)
     finally:
         d.stop()
@@ -99,7 +101,7 @@ def test_host_without_port_gets_ftds_default_port(tmp_path):
 
 def test_unix_socket_address_passes_through(tmp_path):
     sock = tmp_path / "ftd.sock"
-    d = DaemonAt(tmp_path, f"unix:{sock}")
+    d = Daemon(tmp_path, unix_socket=True, socket=sock)
     try:
         p = ftctl(f"unix:{sock}", "list")
         assert p.returncode == 0, p.stderr

@@ -202,7 +202,8 @@ def test_systemd_unit_verifies_and_its_execstart_runs_ftd(tmp_path):
     with open(tmp_path / "ftd.log", "wb") as log:
         proc = subprocess.Popen([str(FTD), *(f"--{k}={v}" for k, v in flags.items())], stdout=log, stderr=log)
         try:
-            wait_for(lambda: proc.poll() is not None or ftctl(f"127.0.0.1:{port}", "list", "--timeout", "1").returncode == 0,
+            sock = f"unix:{tmp_path / 'state' / 'ftd.sock'}"  # --socket's default outside systemd
+            wait_for(lambda: proc.poll() is not None or ftctl(sock, "list", "--timeout", "1").returncode == 0,
                      20, "ftd started from the unit's ExecStart")
             assert proc.poll() is None, (tmp_path / "ftd.log").read_text()
             urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=5).read()

@@ -1,0 +1,416 @@
+"""Identity and access (docs/security.md), with real daemons, the real ftctl and real TLS:
+the unix socket's peer uid, a second local user, bearer tokens, TLS and mutual TLS with certificates
+made here by openssl, who may read and change whose jobs, admin-only calls, and the audit log."""
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from ftdservice import FTCTL, FTD, Daemon, free_port, ftctl, make_token, stop_process, wait_for
+
+ALICE, BOB = "ftdt-alice", "ftdt-bob"
+
+
+def ok(p):
+    assert p.returncode == 0, p.stderr
+    return p.stdout.strip()
+
+
+def denied(p, code, *words):
+    assert p.returncode == 3, (p.returncode, p.stdout, p.stderr)
+    assert f"ftctl: {code}:" in p.stderr, p.stderr
+    for w in words:
+        assert w in p.stderr, (w, p.stderr)
+
+
+def tcp(daemon, *args, token=None, env=None):
+    """ftctl over the daemon's loopback port, with a token file when given."""
+    e = dict(os.environ, **(env or {}))
+    e.pop("FTD_TOKEN_FILE", None)
+    if token:
+        e["FTD_TOKEN_FILE"] = str(token)
+    return ftctl(daemon.tcp, *args, env=e)
+
+
+# --- local users -------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def local_users():
+    """Two unprivileged local users, made with useradd (root only) and removed afterwards."""
+    if os.geteuid() != 0 or shutil.which("useradd") is None or shutil.which("runuser") is None:
+        pytest.skip("needs root, useradd and runuser to make a second local user (CI runs as root)")
+    made = []
+    for u in (ALICE, BOB):
+        try:
+            pwd.getpwnam(u)
+        except KeyError:
+            subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", u], check=True)
+            made.append(u)
+    yield
+    for u in made:
+        subprocess.run(["userdel", u], check=False)
+
+
+@pytest.fixture
+def shared(tmp_path, local_users):
+    """A daemon whose socket other local users can reach (pytest's tmp_path is root's only); paused,
+    so that jobs stay queued."""
+    d_sock = Path(tempfile.mkdtemp(prefix="ftd-auth-"))
+    d_sock.chmod(0o755)
+    d = Daemon(tmp_path, "--paused", socket=d_sock / "ftd.sock")
+    yield d
+    d.stop()
+    shutil.rmtree(d_sock, ignore_errors=True)
+
+
+def as_user(user, daemon, *args):
+    """ftctl run as another local user (runuser), on the daemon's unix socket."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/tmp"}
+    return subprocess.run(["runuser", "-u", user, "--", str(FTCTL), "--addr", daemon.addr, *args],
+                          capture_output=True, text=True, timeout=60, env=env)
+
+
+def test_unix_socket_caller_is_the_peer_uid_and_root_is_admin(daemon):
+    who = ok(ftctl(daemon, "whoami"))
+    assert who.startswith("root (admin) via unix socket uid 0"), who
+    job = ok(ftctl(daemon, "submit", "--default", "--set", "steps=1"))
+    got = json.loads(ok(ftctl(daemon, "get", job, "-o", "json")))
+    assert got["owner"] == "root" and got["submitted_by"] == "root", got
+    # $USER is no identity: the owner stays the authenticated caller
+    p = subprocess.run([str(FTCTL), "--addr", daemon.addr, "submit", "--default", "--set", "steps=1"],
+                       capture_output=True, text=True, env=dict(os.environ, USER="mallory"))
+    assert json.loads(ok(ftctl(daemon, "get", ok(p), "-o", "json")))["owner"] == "root"
+
+
+def test_a_second_local_user_is_distinct_and_cannot_touch_others_jobs(shared):
+    d = shared
+    uid = pwd.getpwnam(ALICE).pw_uid
+    assert ok(as_user(ALICE, d, "whoami")).startswith(f"{ALICE} (user) via unix socket uid {uid}")
+    job = ok(as_user(ALICE, d, "submit", "--default", "--set", "steps=1", "--name", "alice-run"))
+    got = json.loads(ok(as_user(ALICE, d, "get", job, "-o", "json")))
+    assert got["owner"] == ALICE and got["submitted_by"] == ALICE and got["spec"], got
+
+    # Bob sees the queue, not Alice's spec; he may not read, watch, cancel or download her job's trace.
+    listed = json.loads(ok(as_user(BOB, d, "list", "-o", "json")))
+    mine = [j for j in (listed if isinstance(listed, list) else listed.get("jobs", [])) if j["id"] == job]
+    assert mine and mine[0]["owner"] == ALICE and "spec" not in mine[0], listed
+    denied(as_user(BOB, d, "get", job), "PERMISSION_DENIED", f"belongs to {ALICE}", "you are ftdt-bob")
+    denied(as_user(BOB, d, "cancel", job), "PERMISSION_DENIED", f"belongs to {ALICE}")
+    denied(as_user(BOB, d, "watch", job), "PERMISSION_DENIED", f"belongs to {ALICE}")
+    denied(as_user(BOB, d, "profile", job, "--trace", "/tmp/ftd-auth-trace-bob.json"), "PERMISSION_DENIED",
+           f"belongs to {ALICE}")
+    # nor submit as her, nor above the priority cap, nor administer
+    denied(as_user(BOB, d, "submit", "--default", "--owner", ALICE), "PERMISSION_DENIED", "only an admin")
+    denied(as_user(BOB, d, "submit", "--default", "--priority", "500"), "PERMISSION_DENIED", "priority 500")
+    denied(as_user(BOB, d, "admin", "token", "create", BOB, "--role", "admin"), "PERMISSION_DENIED", "only an admin")
+    denied(as_user(BOB, d, "admin", "audit"), "PERMISSION_DENIED", "only an admin")
+    assert json.loads(ok(ftctl(d, "get", job, "-o", "json")))["state"] == "QUEUED"
+
+    # Alice may cancel her own; root, an admin, may cancel anyone's, and is recorded as such.
+    other = ok(as_user(ALICE, d, "submit", "--default", "--set", "steps=1"))
+    ok(as_user(ALICE, d, "cancel", other))
+    assert json.loads(ok(ftctl(d, "get", other, "-o", "json")))["cancelled_by"] == ALICE
+    ok(ftctl(d, "cancel", job))
+    got = json.loads(ok(ftctl(d, "get", job, "-o", "json")))
+    assert got["state"] == "CANCELLED" and got["cancelled_by"] == "root", got
+    # An admin submits for someone else: the owner is Bob, the submitter root.
+    j3 = ok(ftctl(d, "submit", "--default", "--owner", BOB))
+    got = json.loads(ok(as_user(BOB, d, "get", j3, "-o", "json")))
+    assert got["owner"] == BOB and got["submitted_by"] == "root"
+
+
+# --- tokens ------------------------------------------------------------------------------------
+
+@pytest.fixture
+def paused(tmp_path):
+    d = Daemon(tmp_path, "--paused")
+    yield d
+    d.stop()
+
+
+def test_tokens_unknown_revoked_expired_are_unauthenticated_a_good_one_works(paused, tmp_path):
+    daemon = paused
+    denied(tcp(daemon, "list"), "UNAUTHENTICATED", "no credentials")
+    carol = make_token(daemon, "carol")
+    secret = carol.read_text().strip()
+    assert secret.startswith("ftd_") and len(secret) == 4 + 12 + 1 + 64
+    tid = secret.split("_")[1]
+    assert ok(tcp(daemon, "whoami", token=carol)).startswith(f"carol (user) via token {tid}")
+    job = ok(tcp(daemon, "submit", "--default", "--set", "steps=1", token=carol))
+    assert json.loads(ok(ftctl(daemon, "get", job, "-o", "json")))["owner"] == "carol"
+
+    unknown = tmp_path / "unknown"
+    unknown.write_text("ftd_" + "0" * 12 + "_" + "1" * 64)
+    denied(tcp(daemon, "list", token=unknown), "UNAUTHENTICATED", "unknown")
+    forged = tmp_path / "forged"  # a real id with another secret
+    forged.write_text(f"ftd_{tid}_" + "2" * 64)
+    denied(tcp(daemon, "list", token=forged), "UNAUTHENTICATED", "unknown")
+    garbage = tmp_path / "garbage"
+    garbage.write_text("hunter2")
+    p = tcp(daemon, "list", token=garbage)
+    denied(p, "UNAUTHENTICATED", "not an ftd token")
+    assert "hunter2" not in p.stderr
+
+    # listing shows ids, never secrets; a user's token cannot make tokens
+    listed = ok(ftctl(daemon, "admin", "token", "list", "-o", "json"))
+    assert tid in listed and secret.split("_")[2] not in listed
+    denied(tcp(daemon, "admin", "token", "create", "carol", "--role", "admin", token=carol), "PERMISSION_DENIED")
+
+    ok(ftctl(daemon, "admin", "token", "revoke", tid))
+    denied(tcp(daemon, "list", token=carol), "UNAUTHENTICATED", "revoked")
+    short = make_token(daemon, "carol", "--ttl", "1s")
+    ok(tcp(daemon, "list", token=short))
+    time.sleep(1.2)
+    denied(tcp(daemon, "list", token=short), "UNAUTHENTICATED", "expired")
+
+    # an admin token works over TCP; no secret reaches the daemon's log
+    admin = make_token(daemon, "erin", "--role", "admin")
+    assert ok(tcp(daemon, "whoami", token=admin)).startswith("erin (admin)")
+    ok(tcp(daemon, "cancel", job, token=admin))
+    log = daemon.read_log()
+    for f in (carol, short, admin):
+        assert f.read_text().strip().split("_")[2] not in log
+
+
+def test_token_is_not_sent_in_clear_off_the_machine(tmp_path):
+    token = tmp_path / "t"
+    token.write_text("ftd_" + "0" * 12 + "_" + "1" * 64)
+    p = subprocess.run([str(FTCTL), "--addr", "192.0.2.1:7070", "list"], capture_output=True, text=True,
+                       env=dict(os.environ, FTD_TOKEN_FILE=str(token)), timeout=30)
+    assert p.returncode == 3 and "refusing to send a token in clear" in p.stderr, p.stderr
+    assert "1" * 64 not in p.stderr
+
+
+def test_every_method_needs_credentials(daemon):
+    """Every method of JobService and AdminService (read from the protos), called over TCP with no
+    credentials, is UNAUTHENTICATED: no handler forgets the check."""
+    from google.protobuf import descriptor_pb2
+    from ftdapi import PROTO
+    import subprocess as sp
+    out = Path(daemon.data).parent / "all.pb"
+    sp.run(["protoc", f"--proto_path={PROTO}", "--include_imports", f"--descriptor_set_out={out}",
+            str(PROTO / "ftd/v1/jobs.proto"), str(PROTO / "ftd/v1/admin.proto")], check=True)
+    fds = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes())
+    methods = [(f"/{f.package}.{s.name}/{m.name}", m.server_streaming)
+               for f in fds.file if f.package == "ftd.v1" for s in f.service
+               if s.name in ("JobService", "AdminService") for m in s.method]
+    assert len(methods) >= 11
+    checked = 0
+    with grpc.insecure_channel(daemon.tcp) as ch:
+        for path, streaming in methods:
+            call = (ch.unary_stream if streaming else ch.unary_unary)(path, request_serializer=lambda b: b,
+                                                                      response_deserializer=lambda b: b)
+            with pytest.raises(grpc.RpcError) as e:
+                r = call(b"", timeout=10)
+                if streaming:
+                    list(r)
+            if e.value.code() == grpc.StatusCode.UNIMPLEMENTED:
+                continue  # declared, not served yet: nothing runs
+            assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED, (path, e.value.code(), e.value.details())
+            checked += 1
+    assert checked >= 11
+
+
+# --- TLS ---------------------------------------------------------------------------------------
+
+def openssl(*args, cwd):
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def make_ca(d, name):
+    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-keyout", f"{name}.key", "-out", f"{name}.pem", "-days", "2", "-subj", f"/CN={name}", cwd=d)
+    return d / f"{name}.pem"
+
+
+def make_cert(d, ca, name, cn, days=2, server=False):
+    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", f"{name}.key",
+            "-out", f"{name}.csr", "-subj", f"/CN={cn}", cwd=d)
+    ext = d / f"{name}.ext"
+    ext.write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n" if server
+                   else "extendedKeyUsage=clientAuth\n")
+    openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key", "-CAcreateserial",
+            "-out", f"{name}.pem", "-days", str(days), "-extfile", str(ext), cwd=d)
+    return d / f"{name}.pem", d / f"{name}.key"
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pki")
+    make_ca(d, "ca")
+    make_ca(d, "other-ca")
+    return {
+        "dir": d, "ca": d / "ca.pem", "other_ca": d / "other-ca.pem",
+        "server": make_cert(d, "ca", "server", "localhost", server=True),
+        "expired_server": make_cert(d, "ca", "old-server", "localhost", days=-1, server=True),
+        "dave": make_cert(d, "ca", "dave", "dave"),
+        "expired_dave": make_cert(d, "ca", "old-dave", "dave", days=-1),
+        "stranger": make_cert(d, "other-ca", "stranger", "dave"),
+    }
+
+
+def tls_daemon(tmp_path, pki, server="server"):
+    cert, key = pki[server]
+    return Daemon(tmp_path, "--tls-cert", str(cert), "--tls-key", str(key), "--tls-client-ca", str(pki["ca"]))
+
+
+def context_config(tmp_path, daemon, name, **ctx):
+    """An ftctl config file with one context, `name`, at the daemon's TCP port as localhost."""
+    cfg = tmp_path / f"ftctl-{name}.json"
+    ctx = {"addr": f"localhost:{daemon.port}", **{k: str(v) for k, v in ctx.items()}}
+    cfg.write_text(json.dumps({"current_context": name, "contexts": {name: ctx}}))
+    return cfg
+
+
+def via_context(cfg, *args, context=None):
+    env = dict(os.environ, FTCTL_CONFIG=str(cfg))
+    env.pop("FTD_TOKEN_FILE", None)
+    env.pop("FTD_ADDR", None)
+    extra = ["--context", context] if context else []
+    return subprocess.run([str(FTCTL), *extra, *args, "--timeout", "5"], capture_output=True, text=True, env=env,
+                          timeout=60)
+
+
+def test_tls_token_and_mutual_tls_work_and_wrong_ca_expired_or_plain_are_refused(tmp_path, pki):
+    d = tls_daemon(tmp_path, pki)
+    try:
+        token = make_token(d, "carol")
+        good = context_config(tmp_path, d, "good", ca_file=pki["ca"], token_file=token)
+        assert ok(via_context(good, "whoami")).startswith("carol (user) via token")
+        # mutual TLS: the certificate's CN is the user; no token needed
+        cert, key = pki["dave"]
+        mtls = context_config(tmp_path, d, "mtls", ca_file=pki["ca"], cert_file=cert, key_file=key)
+        assert ok(via_context(mtls, "whoami")).startswith("dave (user) via client certificate CN=dave")
+        job = ok(via_context(mtls, "submit", "--default", "--set", "steps=1"))
+        assert json.loads(ok(ftctl(d, "get", job, "-o", "json")))["owner"] == "dave"
+        # TLS without a client certificate or token: no identity
+        anon = context_config(tmp_path, d, "anon", ca_file=pki["ca"])
+        denied(via_context(anon, "list"), "UNAUTHENTICATED")
+        # a server certificate from a CA the client does not trust
+        wrong = context_config(tmp_path, d, "wrong", ca_file=pki["other_ca"], token_file=token)
+        denied(via_context(wrong, "list"), "UNAVAILABLE", "TLS handshake failed")
+        # a client certificate that expired, or from another CA: the handshake fails
+        cert, key = pki["expired_dave"]
+        old = context_config(tmp_path, d, "old", ca_file=pki["ca"], cert_file=cert, key_file=key)
+        denied(via_context(old, "list"), "UNAVAILABLE")
+        cert, key = pki["stranger"]
+        stranger = context_config(tmp_path, d, "stranger", ca_file=pki["ca"], cert_file=cert, key_file=key)
+        denied(via_context(stranger, "list"), "UNAVAILABLE")
+        # plain text to a TLS port
+        denied(tcp(d, "list", token=token), "UNAVAILABLE")
+    finally:
+        d.stop()
+
+
+def test_an_expired_server_certificate_is_refused(tmp_path, pki):
+    d = tls_daemon(tmp_path, pki, server="expired_server")
+    try:
+        cfg = context_config(tmp_path, d, "c", ca_file=pki["ca"], token_file=make_token(d, "carol"))
+        denied(via_context(cfg, "list"), "UNAVAILABLE", "TLS handshake failed")
+    finally:
+        d.stop()
+
+
+def start_ftd(tmp_path, *flags):
+    return subprocess.run([str(FTD), "--data-dir", str(tmp_path / "data"), "--socket", str(tmp_path / "s.sock"),
+                           "--metrics-listen", "", "--gpus", "0", *flags], capture_output=True, text=True, timeout=10)
+
+
+def test_non_loopback_listen_without_tls_refuses_to_start(tmp_path, pki):
+    p = start_ftd(tmp_path, "--listen", f"0.0.0.0:{free_port()}")
+    assert p.returncode == 1 and "not a loopback address and there is no TLS" in p.stderr, p.stderr
+    assert "--insecure-listen-without-tls" in p.stderr
+    p = start_ftd(tmp_path, "--listen", f"127.0.0.1:{free_port()}", "--tls-cert", str(pki["server"][0]))
+    assert p.returncode == 1 and "--tls-cert and --tls-key go together" in p.stderr, p.stderr
+    p = start_ftd(tmp_path, "--listen", f"127.0.0.1:{free_port()}", "--tls-cert", str(tmp_path / "none.pem"),
+                  "--tls-key", str(tmp_path / "none.key"))
+    assert p.returncode == 1 and "none.pem cannot be read" in p.stderr, p.stderr
+    # with the loud flag it starts
+    proc = subprocess.Popen([str(FTD), "--data-dir", str(tmp_path / "data"), "--socket", str(tmp_path / "s.sock"),
+                             "--metrics-listen", "", "--gpus", "0", "--listen", f"0.0.0.0:{free_port()}",
+                             "--insecure-listen-without-tls"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: ftctl(f"unix:{tmp_path / 's.sock'}", "list", "--timeout", "1").returncode == 0, 20, "ftd up")
+    finally:
+        stop_process(proc)
+
+
+# --- ftctl contexts ----------------------------------------------------------------------------
+
+def test_contexts_select_address_ca_and_token(tmp_path, daemon):
+    token = make_token(daemon, "carol")
+    cfg = tmp_path / "ftctl.json"
+    cfg.write_text(json.dumps({"current_context": "local", "contexts": {
+        "local": {"addr": daemon.addr},
+        "remote": {"addr": daemon.tcp, "token_file": token.name},  # relative: beside the config file
+    }}))
+    assert ok(via_context(cfg, "whoami")).startswith("root (admin) via unix socket")
+    assert ok(via_context(cfg, "whoami", context="remote")).startswith("carol (user) via token")
+    env = dict(os.environ, FTCTL_CONFIG=str(cfg), FTD_CONTEXT="remote")
+    env.pop("FTD_ADDR", None)
+    p = subprocess.run([str(FTCTL), "whoami"], capture_output=True, text=True, env=env, timeout=30)
+    assert ok(p).startswith("carol"), p.stderr
+    p = via_context(cfg, "list", context="nope")
+    assert p.returncode == 64 and 'context "nope"' in p.stderr and "local, remote" in p.stderr, p.stderr
+    # an explicitly named config file that does not exist is an error, not silently the default
+    p = via_context(tmp_path / "missing.json", "list")
+    assert p.returncode == 64 and "missing.json" in p.stderr and "does not exist" in p.stderr, p.stderr
+    # an unreadable token file is named; the token never appears in ps or messages
+    cfg.write_text(json.dumps({"contexts": {"r": {"addr": daemon.tcp, "token_file": str(tmp_path / "gone")}}}))
+    p = via_context(cfg, "list", context="r")
+    assert p.returncode == 64 and "gone" in p.stderr and "cannot be read" in p.stderr, p.stderr
+
+
+# --- audit -------------------------------------------------------------------------------------
+
+def test_audit_records_every_mutating_call_durably(tmp_path):
+    d = Daemon(tmp_path, "--paused")
+    try:
+        carol = make_token(d, "carol")
+        job = ok(ftctl(d, "submit", "--default", "--name", "audited"))
+        denied(tcp(d, "cancel", job, token=carol), "PERMISSION_DENIED")
+        ok(ftctl(d, "cancel", job))
+        denied(tcp(d, "cancel", job), "UNAUTHENTICATED")
+        ok(ftctl(d, "list"))  # reads are not audited
+        d.stop()
+        d.start()  # the record survives a restart
+        recs = json.loads(ok(ftctl(d, "admin", "audit", "-o", "json")))["records"]
+        got = [(r.get("user", ""), r["action"], r.get("target", ""), r["code"]) for r in reversed(recs)]
+        tid = carol.read_text().split("_")[1]
+        assert got == [("root", "CreateToken", tid, "OK"), ("root", "SubmitJob", job, "OK"),
+                       ("carol", "CancelJob", job, "PERMISSION_DENIED"), ("root", "CancelJob", job, "OK"),
+                       ("", "CancelJob", job, "UNAUTHENTICATED")], got
+        sub = recs[-2]
+        assert "name=audited" in sub["detail"] and sub["via"] == "unix socket uid 0" and "local uid 0" in sub["peer"]
+        assert recs[2]["peer"].startswith("ipv4:127.0.0.1:") and "belongs to root" in recs[2]["message"]
+        assert "user=carol" in recs[-1]["detail"]
+        text = ok(ftctl(d, "admin", "audit", "--user", "carol"))
+        assert "CancelJob" in text and "PERMISSION_DENIED" in text and "SubmitJob" not in text
+        assert oct((Path(d.data) / "auth.db").stat().st_mode & 0o777) == "0o600"
+    finally:
+        d.stop()
+
+
+def test_cross_user_trace_download_is_denied_and_an_admin_passes(paused):
+    daemon = paused
+    job = ok(ftctl(daemon, "submit", "--default", "--kind", "profile", "--set", "steps=1"))
+    bob = make_token(daemon, "bob").read_text().strip()
+    admin = make_token(daemon, "erin", "--role", "admin").read_text().strip()
+    req = b"\x0a" + bytes([len(job)]) + job.encode()  # GetTraceRequest{id}
+    with grpc.insecure_channel(daemon.tcp) as ch:
+        get_trace = ch.unary_stream("/ftd.v1.JobService/GetTrace", request_serializer=lambda b: b,
+                                    response_deserializer=lambda b: b)
+        with pytest.raises(grpc.RpcError) as e:
+            list(get_trace(req, metadata=[("authorization", f"Bearer {bob}")], timeout=10))
+        assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED and "belongs to root" in e.value.details()
+        try:
+            list(get_trace(req, metadata=[("authorization", f"Bearer {admin}")], timeout=10))
+        except grpc.RpcError as err:  # the trace may not be written yet: anything but a denial
+            assert err.code() not in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED), err
