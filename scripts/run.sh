@@ -10,9 +10,16 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bash "$root/scripts/setup.sh" >&2
 bin=${FTD_BUILD_DIR:-$root/build}
-export FTD_ADDR=${FTD_ADDR:-127.0.0.1:7070}
-ftctl="$bin/client/ftctl"
 runs="$root/runs"
+# Clients reach ftd on its unix socket, where ftd knows them by their uid (docs/security.md); its
+# TCP port (FTD_LISTEN) takes tokens.
+export FTD_ADDR=${FTD_ADDR:-unix:$runs/ftd.sock}
+if [[ $FTD_ADDR == unix:* ]]; then
+  listen=(--socket "${FTD_ADDR#unix:}" --listen "${FTD_LISTEN:-127.0.0.1:7070}")
+else
+  listen=(--listen "$FTD_ADDR")
+fi
+ftctl="$bin/client/ftctl"
 stop_hint=""
 if "$ftctl" list --timeout 1 >/dev/null 2>&1; then
   echo "using the ftd already answering on $FTD_ADDR" >&2
@@ -21,7 +28,7 @@ else
   log="$runs/ftd.log"
   touch "$log"
   start=$(stat -c %s "$log")
-  setsid "$bin/server/ftd" --listen "$FTD_ADDR" --metrics-listen "${FTD_METRICS_ADDR:-127.0.0.1:7071}" \
+  setsid "$bin/server/ftd" "${listen[@]}" --metrics-listen "${FTD_METRICS_ADDR:-127.0.0.1:7071}" \
     --data-dir "${FTD_DATA_DIR:-$runs/ftd-data}" </dev/null >>"$log" 2>&1 &
   daemon=$!
   ready=0
@@ -34,11 +41,11 @@ else
     kill "$daemon" 2>/dev/null || true
     echo "ftd did not start on $FTD_ADDR; from runs/ftd.log:" >&2
     tail -c +$((start + 1)) "$log" | grep -v '^[[:space:]]*$' | tail -5 >&2
-    echo "(if another program holds the port, use another: FTD_ADDR=127.0.0.1:7080 FTD_METRICS_ADDR=127.0.0.1:7081 $0)" >&2
+    echo "(if another program holds the port, use another: FTD_LISTEN=127.0.0.1:7080 FTD_METRICS_ADDR=127.0.0.1:7081 $0)" >&2
     exit 1
   fi
   echo "$daemon" >"$runs/ftd.pid"
-  stop_hint="ftd keeps running for the next commands (pid $daemon, log runs/ftd.log, metrics http://${FTD_METRICS_ADDR:-127.0.0.1:7071}/metrics); stop it with: kill \$(cat $runs/ftd.pid)"
+  stop_hint="ftd keeps running for the next commands (pid $daemon, log runs/ftd.log, metrics http://${FTD_METRICS_ADDR:-127.0.0.1:7071}/metrics); stop it with: kill \$(cat $runs/ftd.pid); for the next commands: export FTD_ADDR=$FTD_ADDR"
   echo "ftd started on $FTD_ADDR (log: runs/ftd.log)" >&2
 fi
 spec=$(mktemp --suffix=.json)
