@@ -55,6 +55,9 @@ absl::Status CheckInputFiles(const TrainConfig& c) {
     Want want;
   } inputs[] = {
       {"spec.data.path", c.data.path, Want::kFile},
+      {"spec.data.eval_path", c.data.eval_path, Want::kFile},
+      {"spec.data.tokenizer_path", c.data.tokenizer_path, Want::kDirectory},
+      {"spec.data.cache_dir", c.data.cache_dir, Want::kDirectory},
       {"spec.model.config_path", c.model.config_path, Want::kFileOrDirectory},
       {"spec.model.weights_path", c.model.weights_path, Want::kDirectory},
       {"spec.lora.adapter_path", c.lora.adapter_path, Want::kDirectory},

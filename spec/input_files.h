@@ -19,6 +19,9 @@ const char* FileTypeName(mode_t mode);
 
 // INVALID_ARGUMENT naming the first field whose existing path is of the wrong type:
 //   spec.data.path              a regular file
+//   spec.data.eval_path         a regular file
+//   spec.data.tokenizer_path    a directory
+//   spec.data.cache_dir         a directory
 //   spec.model.config_path      a regular file (config.json) or a directory holding one
 //   spec.model.weights_path     a directory
 //   spec.lora.adapter_path      a directory

@@ -56,6 +56,15 @@ TEST_F(InputFiles, DevicesAndDirectoriesWhereAFileIsExpectedAreRefused) {
   c.lora.adapter_path = "";
   c.checkpoint.dir = P("tokens.bin");
   EXPECT_NE(CheckInputFiles(c).message().find("spec.checkpoint.dir"), std::string::npos);
+  c.checkpoint.dir = "";
+  c.data.eval_path = P("fifo");
+  EXPECT_NE(CheckInputFiles(c).message().find("spec.data.eval_path"), std::string::npos);
+  c.data.eval_path = "";
+  c.data.tokenizer_path = P("tokens.bin");
+  EXPECT_NE(CheckInputFiles(c).message().find("spec.data.tokenizer_path"), std::string::npos);
+  c.data.tokenizer_path = "";
+  c.data.cache_dir = P("tokens.bin");
+  EXPECT_NE(CheckInputFiles(c).message().find("spec.data.cache_dir"), std::string::npos);
 }
 
 TEST_F(InputFiles, RightTypesMissingAndRelativePathsPass) {
