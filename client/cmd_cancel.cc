@@ -1,4 +1,4 @@
-// ftctl cancel ID...
+// ftctl cancel ID... [--checkpoint]
 #include <iostream>
 
 #include "client/commands.h"
@@ -7,13 +7,17 @@ namespace ftd::client {
 
 Command AddCancel(CLI::App& app) {
   auto ids = std::make_shared<std::vector<std::string>>();
+  auto checkpoint = std::make_shared<bool>(false);
   auto* c = app.add_subcommand("cancel", "Cancel queued or running jobs");
   c->add_option("id", *ids, "job ids")->required();
-  return {c, [ids](Context& ctx) {
+  c->add_flag("--checkpoint", *checkpoint,
+              "write a checkpoint before stopping (resubmit --resume continues from it); default: stop at the next "
+              "step without one");
+  return {c, [ids, checkpoint](Context& ctx) {
             // Every id is tried; the exit code is the first failure's.
             int rc = kExitOk;
             for (const auto& id : *ids) {
-              auto job = ctx.client().Cancel(id);
+              auto job = ctx.client().Cancel(id, *checkpoint);
               if (!job.ok()) {
                 if (const int r = Fail(job.status()); rc == kExitOk) rc = r;
                 if (Interrupted()) break;

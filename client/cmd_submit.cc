@@ -53,14 +53,7 @@ int RunSubmit(const SubmitFlags& f, Context& ctx) {
   req.set_owner(f.owner);  // empty: ftd records the authenticated caller
   // Always idempotent: a submit retried after a lost answer cannot create a second job.
   req.set_request_id(f.request_id.empty() ? NewRequestId() : f.request_id);
-  auto resp = ctx.client().Submit(req);
-  if (!resp.ok()) return Fail(resp.status());
-  std::cout << resp->job().id() << std::endl;
-  if (!resp->created()) std::cerr << "ftctl: request id already used: this is the existing job" << std::endl;
-  if (!f.wait) return kExitOk;
-  const int rc = Follow(ctx.client(), resp->job().id(), FollowOutput::kNone);
-  PrintOutcome(ctx.client(), resp->job().id(), rc, std::cerr);
-  return rc;
+  return Submitted(ctx.client(), ctx.client().Submit(req), f.wait);
 }
 
 }  // namespace

@@ -21,6 +21,13 @@ Command AddCompare(CLI::App& app);
 Command AddCompletion(CLI::App& app);
 Command AddWhoAmI(CLI::App& app);
 Command AddAdmin(CLI::App& app);
+Command AddLogs(CLI::App& app);
+Command AddDelete(CLI::App& app);
+Command AddPrune(CLI::App& app);
+Command AddResubmit(CLI::App& app);
+Command AddPause(CLI::App& app);
+Command AddResume(CLI::App& app);
+Command AddScheduler(CLI::App& app);
 
 // A PROFILE job's report once it has one (profile, compare); FAILED_PRECONDITION saying why not.
 absl::StatusOr<ftd::v1::ProfileReport> FetchProfile(JobClient& client, const std::string& id);

@@ -17,4 +17,8 @@ int Follow(JobClient& client, const std::string& id, FollowOutput output);
 // After a wait: "ID STATE: message" on `out` when the job ended (rc 0..2).
 void PrintOutcome(JobClient& client, const std::string& id, int rc, std::ostream& out);
 
+// What submit and resubmit do with ftd's answer: print the job's id (saying when the request id named
+// an existing job) and, with `wait`, follow it to its end. Returns the exit code.
+int Submitted(JobClient& client, const absl::StatusOr<ftd::v1::SubmitJobResponse>& resp, bool wait);
+
 }  // namespace ftd::client

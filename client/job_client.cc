@@ -205,9 +205,10 @@ absl::StatusOr<ftd::v1::ListJobsResponse> JobClient::List(const ftd::v1::ListJob
       [&](grpc::ClientContext* c, ftd::v1::ListJobsResponse* r) { return stub_->ListJobs(c, req, r); });
 }
 
-absl::StatusOr<ftd::v1::Job> JobClient::Cancel(const std::string& id) {
+absl::StatusOr<ftd::v1::Job> JobClient::Cancel(const std::string& id, bool checkpoint) {
   ftd::v1::CancelJobRequest req;
   req.set_id(id);
+  req.set_checkpoint(checkpoint);
   return Unary<ftd::v1::Job>([&](grpc::ClientContext* c, ftd::v1::Job* r) { return stub_->CancelJob(c, req, r); });
 }
 
@@ -235,6 +236,57 @@ absl::StatusOr<ftd::v1::Token> JobClient::RevokeToken(const std::string& id) {
 absl::StatusOr<ftd::v1::ListAuditResponse> JobClient::ListAudit(const ftd::v1::ListAuditRequest& req) {
   return Unary<ftd::v1::ListAuditResponse>(
       [&](grpc::ClientContext* c, ftd::v1::ListAuditResponse* r) { return admin_->ListAudit(c, req, r); });
+}
+
+absl::StatusOr<ftd::v1::DeleteJobResponse> JobClient::Delete(const std::string& id) {
+  ftd::v1::DeleteJobRequest req;
+  req.set_id(id);
+  return Unary<ftd::v1::DeleteJobResponse>(
+      [&](grpc::ClientContext* c, ftd::v1::DeleteJobResponse* r) { return stub_->DeleteJob(c, req, r); });
+}
+
+absl::StatusOr<ftd::v1::PruneJobsResponse> JobClient::Prune(const ftd::v1::PruneJobsRequest& req) {
+  return Unary<ftd::v1::PruneJobsResponse>(
+      [&](grpc::ClientContext* c, ftd::v1::PruneJobsResponse* r) { return stub_->PruneJobs(c, req, r); });
+}
+
+absl::StatusOr<ftd::v1::SubmitJobResponse> JobClient::Resubmit(const ftd::v1::ResubmitJobRequest& req) {
+  return Unary<ftd::v1::SubmitJobResponse>(
+      [&](grpc::ClientContext* c, ftd::v1::SubmitJobResponse* r) { return stub_->ResubmitJob(c, req, r); });
+}
+
+absl::StatusOr<ftd::v1::SchedulerState> JobClient::Scheduler(SchedulerAction action) {
+  ftd::v1::SchedulerRequest req;
+  return Unary<ftd::v1::SchedulerState>([&](grpc::ClientContext* c, ftd::v1::SchedulerState* r) {
+    switch (action) {
+      case SchedulerAction::kPause: return stub_->PauseScheduler(c, req, r);
+      case SchedulerAction::kResume: return stub_->ResumeScheduler(c, req, r);
+      case SchedulerAction::kGet: break;
+    }
+    return stub_->GetScheduler(c, req, r);
+  });
+}
+
+absl::Status JobClient::Logs(const ftd::v1::GetLogsRequest& req,
+                             const std::function<void(const std::string&)>& on_data) {
+  if (auto st = EnsureContact(); !st.ok()) return st;
+  grpc::ClientContext ctx;
+  if (!req.follow()) ctx.set_deadline(Clock::now() + std::max(opts_.timeout, std::chrono::milliseconds(600000)));
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (interrupted_) return absl::CancelledError("interrupted");
+    active_ = &ctx;
+  }
+  auto reader = stub_->GetLogs(&ctx, req);
+  ftd::v1::LogChunk chunk;
+  while (reader->Read(&chunk)) on_data(chunk.data());
+  const grpc::Status st = reader->Finish();
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    active_ = nullptr;
+    if (interrupted_) return absl::CancelledError("interrupted");
+  }
+  return FromGrpc(st);
 }
 
 absl::Status JobClient::DownloadTrace(const std::string& id, std::ostream& out, int64_t* bytes) {

@@ -50,7 +50,15 @@ class JobClient {
   absl::StatusOr<ftd::v1::SubmitJobResponse> Submit(const ftd::v1::SubmitJobRequest& req);
   absl::StatusOr<ftd::v1::Job> Get(const std::string& id);
   absl::StatusOr<ftd::v1::ListJobsResponse> List(const ftd::v1::ListJobsRequest& req);
-  absl::StatusOr<ftd::v1::Job> Cancel(const std::string& id);
+  absl::StatusOr<ftd::v1::Job> Cancel(const std::string& id, bool checkpoint = false);
+  absl::StatusOr<ftd::v1::DeleteJobResponse> Delete(const std::string& id);
+  absl::StatusOr<ftd::v1::PruneJobsResponse> Prune(const ftd::v1::PruneJobsRequest& req);
+  absl::StatusOr<ftd::v1::SubmitJobResponse> Resubmit(const ftd::v1::ResubmitJobRequest& req);
+  enum class SchedulerAction { kGet, kPause, kResume };
+  absl::StatusOr<ftd::v1::SchedulerState> Scheduler(SchedulerAction action);
+  // Streams the job's log to `on_data`; with `follow`, until the job has ended (no deadline: Ctrl-C
+  // ends it).
+  absl::Status Logs(const ftd::v1::GetLogsRequest& req, const std::function<void(const std::string&)>& on_data);
 
   // Streams the job's events after `after_seq` to `on_event` until the final result has been
   // delivered (returns OK), the job does not exist (NOT_FOUND), the watch is interrupted (CANCELLED)

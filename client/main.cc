@@ -25,7 +25,9 @@ int main(int argc, char** argv) {
 
   const std::vector<Command> commands = {AddSubmit(app), AddList(app),    AddGet(app),     AddWatch(app),
                                          AddCancel(app), AddWait(app),    AddProfile(app), AddCompare(app),
-                                         AddCompletion(app), AddWhoAmI(app),  AddAdmin(app)};
+                                         AddCompletion(app), AddWhoAmI(app),  AddAdmin(app),  AddLogs(app),
+                                         AddDelete(app),  AddPrune(app),   AddResubmit(app), AddPause(app),
+                                         AddResume(app),  AddScheduler(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --version

@@ -1,12 +1,14 @@
 #include "server/job_manager.h"
 
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "server/job_events.h"
+#include "server/job_files.h"
 #include "server/memory_fit.h"
 #include "server/request_limits.h"
 #include "server/request_match.h"
@@ -34,7 +36,7 @@ constexpr ftd::v1::JobState kStates[] = {ftd::v1::QUEUED, ftd::v1::RUNNING, ftd:
 
 JobManager::JobManager(ManagerConfig cfg, Store* store, Metrics* metrics, WorkerLauncher* launcher,
                        const Clock* clock)
-    : cfg_(std::move(cfg)), store_(store), metrics_(metrics), launcher_(launcher), clock_(clock) {
+    : cfg_(std::move(cfg)), store_(store), metrics_(metrics), launcher_(launcher), clock_(clock), paused_(cfg_.paused) {
   if (cfg_.gpus > 0) {
     for (int i = 0; i < cfg_.gpus; ++i) slots_.push_back(absl::StrCat("gpu:", i));
   } else {
@@ -167,7 +169,7 @@ std::optional<std::chrono::milliseconds> JobManager::Tick() {
       Attempt& a = running_.at(id);
       if (!FinishLocked(a, *a.unrecorded)) wake_in(1000);
     }
-    if (!cfg_.paused && !draining_) {
+    if (!paused_ && !draining_) {
       const int64_t now = clock_->UnixMs();
       const SchedulingPlan plan = Schedule({&queue_, FreeSlotsLocked(), now});
       for (const Placement& p : plan.starts) {
@@ -187,6 +189,15 @@ std::optional<std::chrono::milliseconds> JobManager::Tick() {
   // A worker started now is watched from here on: its heartbeat's deadline (and, once it says it
   // started, the progress watchdog's) comes at the latest then, with nothing else waking the loop.
   if (!launches.empty()) wake_in(cfg_.heartbeat_timeout_ms);
+  if (cfg_.retention_ms > 0) {
+    const int64_t steady = clock_->SteadyMs();
+    if (steady >= next_retention_ms_) {
+      next_retention_ms_ = steady + cfg_.retention_check_ms;
+      auto removed = RunRetention();
+      if (!removed.ok()) std::cerr << "ftd: retention: " << removed.status() << std::endl;
+    }
+    wake_in(next_retention_ms_ - steady);
+  }
   if (!wait_ms.has_value()) return std::nullopt;
   return std::chrono::milliseconds(*wait_ms);
 }
@@ -197,9 +208,18 @@ void JobManager::Drain(std::chrono::steady_clock::time_point deadline) {
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
   for (auto& [id, a] : running_) {
     a.drain = true;
-    if (a.pid > 0) launcher_->Stop(a.pid, std::max(left, std::chrono::milliseconds(0)));
+    if (a.pid > 0) launcher_->Stop(a.pid, std::max(left, std::chrono::milliseconds(0)), StopMode::kCheckpoint);
   }
-  exits_cv_.wait_until(l, deadline, [&] { return running_.empty(); });
+  // A worker still writing its checkpoint at the deadline (it reported the write moving within the
+  // last grace period) is waited for; one that shows no progress is killed.
+  for (;;) {
+    exits_cv_.wait_until(l, deadline, [&] { return running_.empty(); });
+    const int64_t now = clock_->SteadyMs();
+    bool moving = false;
+    for (const auto& [id, a] : running_) moving |= a.progress_ms > 0 && now - a.progress_ms < cfg_.grace_ms;
+    if (!moving || running_.empty()) break;
+    deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(cfg_.grace_ms);
+  }
   for (auto& [id, a] : running_) {
     if (a.pid > 0) launcher_->Kill(a.pid);
   }
@@ -226,6 +246,8 @@ absl::StatusOr<Job> JobManager::TransitionLocked(const std::string& id,
     --counts_[before];
     ++counts_[job->state()];
     PublishGaugesLocked();
+    std::cerr << "ftd: job " << id << " " << ftd::v1::JobState_Name(before) << " -> "
+              << ftd::v1::JobState_Name(job->state()) << " (" << job->reason() << "): " << job->message() << std::endl;
   }
   hub_.Publish(id);
   return job;
@@ -248,8 +270,9 @@ std::vector<std::string> JobManager::FreeSlotsLocked() const {
 // ---------------------------------------------------------------------------------------------
 // Client API
 
-absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::Submit(const ftd::v1::SubmitJobRequest& req,
-                                                              const std::string& submitted_by) {
+absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::SubmitWith(
+    const ftd::v1::SubmitJobRequest& req, const std::string& submitted_by,
+    const std::function<absl::Status(const Job&)>& prepare) {
   {
     std::lock_guard<std::mutex> l(mu_);
     if (draining_) return absl::UnavailableError("ftd is shutting down; submit again once it is back");
@@ -307,12 +330,31 @@ absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::Submit(const ftd::v1::Sub
       if (auto st = CheckSameRequest(inserted->first, job); !st.ok()) return st;
     }
     if (inserted->second) {
-      std::lock_guard<std::mutex> view(view_mu_);
-      queue_.Put(inserted->first);
       ++counts_[ftd::v1::QUEUED];
-      PublishGaugesLocked();
       metrics_->JobSubmitted(inserted->first.kind());
-      hub_.Publish(inserted->first.id());
+      const Job& j = inserted->first;
+      std::cerr << "ftd: job " << j.id() << " submitted: " << ftd::v1::JobKind_Name(j.kind()) << " \"" << j.name()
+                << "\" by " << j.owner() << ", priority " << j.priority() << ", " << j.max_attempts() << " attempt(s)"
+                << std::endl;
+      if (prepare) {
+        if (auto st = prepare(j); !st.ok()) {
+          auto failed = TransitionLocked(j.id(), [&](Job& job) {
+            job.set_state(ftd::v1::FAILED);
+            job.set_reason(std::string(Info(Reason::kInvalidSpec).code));
+            job.set_message(std::string(st.message()));
+            job.set_finished_unix_ms(clock_->UnixMs());
+            job.mutable_result()->set_outcome(RunResult::FAILED);
+            job.mutable_result()->set_message(job.message());
+            return absl::OkStatus();
+          });
+          if (!failed.ok()) return failed.status();
+          return st;
+        }
+      }
+      std::lock_guard<std::mutex> view(view_mu_);
+      queue_.Put(j);
+      PublishGaugesLocked();
+      hub_.Publish(j.id());
     }
     *resp.mutable_job() = inserted->first;
     resp.set_created(inserted->second);
@@ -336,8 +378,9 @@ void JobManager::AnnotateLocked(Job* job) const {
                                                                   (job->not_before_unix_ms() - now) / 1000.0)));
     return;
   }
-  job->set_reason(cfg_.paused ? "PAUSED" : "WAITING_FOR_SLOT");
-  job->set_message(absl::StrCat(cfg_.paused ? "ftd is paused (--paused): no job starts; " : "",
+  const bool paused = paused_;
+  job->set_reason(paused ? "PAUSED" : "WAITING_FOR_SLOT");
+  job->set_message(absl::StrCat(paused ? "the scheduler is paused (ftctl resume starts it): no job starts; " : "",
                                 std::max<int64_t>(pos - 1, 0), " job(s) ahead in the queue; ", slot_owner_.size(),
                                 " of ", slots_.size(), " slot(s) busy"));
 }
@@ -382,7 +425,7 @@ absl::StatusOr<ftd::v1::ListJobsResponse> JobManager::List(const ftd::v1::ListJo
   return resp;
 }
 
-absl::StatusOr<Job> JobManager::Cancel(const std::string& id, const std::string& cancelled_by) {
+absl::StatusOr<Job> JobManager::Cancel(const std::string& id, const std::string& cancelled_by, bool checkpoint) {
   std::lock_guard<std::mutex> l(mu_);
   if (queue_.Contains(id)) {
     auto job = TransitionLocked(id, [&](Job& job) {
@@ -409,11 +452,17 @@ absl::StatusOr<Job> JobManager::Cancel(const std::string& id, const std::string&
                                                  "see its log); try again later"));
     }
     a.cancel = true;
-    if (a.pid > 0) launcher_->Stop(a.pid, std::chrono::milliseconds(cfg_.grace_ms));  // else: once launched
+    a.checkpoint_on_stop = checkpoint;
+    if (a.pid > 0) launcher_->Stop(a.pid, std::chrono::milliseconds(cfg_.grace_ms), StopModeLocked(a));
+    // else: once launched
     return TransitionLocked(id, [&](Job& job) {
       job.set_reason("CANCELLING");
       job.set_cancelled_by(cancelled_by);
-      job.set_message(absl::StrCat("stopping the worker (SIGTERM, SIGKILL after ", cfg_.grace_ms / 1000.0, "s)"));
+      job.set_message(
+          checkpoint ? absl::StrCat("stopping the worker after a checkpoint (SIGTERM; SIGKILL once it shows no "
+                                    "progress for ", cfg_.grace_ms / 1000.0, "s)")
+                     : absl::StrCat("stopping the worker at its next step, without a checkpoint (SIGUSR1; SIGKILL "
+                                    "after ", cfg_.grace_ms / 1000.0, "s)"));
       return absl::OkStatus();
     });
   }
@@ -425,6 +474,201 @@ absl::StatusOr<Job> JobManager::Cancel(const std::string& id, const std::string&
   }
   return absl::InternalError(absl::StrCat("job ", id, " is ", ftd::v1::JobState_Name(job->state()),
                                           " in the database but neither queued nor running in ftd"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Deleting, pruning, retention, resubmitting, the scheduler, logs
+
+absl::StatusOr<int64_t> JobManager::DeleteLocked(const std::string& id) {
+  auto job = store_->Get(id);
+  if (!job.ok()) return job.status();
+  if (running_.count(id) != 0 && IsTerminal(job->state())) {
+    return absl::UnavailableError(absl::StrCat("job ", id, " is still being recorded; delete it again in a moment"));
+  }
+  if (auto st = store_->Delete(id); !st.ok()) return st;  // refuses a job that has not finished
+  --counts_[job->state()];
+  PublishGaugesLocked();
+  hub_.Publish(id);  // ends the watches of the job (it no longer exists)
+  auto freed = RemoveTree(JobDir(id));
+  if (!freed.ok()) {
+    // The record is gone; the next retention run removes the directory of a job the store no longer has.
+    std::cerr << "ftd: job " << id << " deleted, but " << freed.status().message() << std::endl;
+    return int64_t{0};
+  }
+  std::cerr << "ftd: job " << id << " deleted (" << ftd::v1::JobState_Name(job->state()) << ", " << *freed
+            << " bytes of files)" << std::endl;
+  return *freed;
+}
+
+absl::StatusOr<Removed> JobManager::Delete(const std::string& id) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto freed = DeleteLocked(id);
+  if (!freed.ok()) return freed.status();
+  return Removed{{id}, *freed};
+}
+
+absl::StatusOr<Removed> JobManager::Prune(const PruneFilter& f) {
+  for (auto s : f.states) {
+    if (!IsTerminal(s)) {
+      return absl::InvalidArgumentError(absl::StrCat("states: only finished jobs can be pruned (SUCCEEDED, FAILED, ",
+                                                     "CANCELLED), not ", ftd::v1::JobState_Name(s)));
+    }
+  }
+  if (f.older_than_ms < 0) return absl::InvalidArgumentError("older_than_seconds must be >= 0");
+  JobFilter lf;
+  lf.states = f.states.empty() ? std::vector<ftd::v1::JobState>{ftd::v1::SUCCEEDED, ftd::v1::FAILED, ftd::v1::CANCELLED}
+                               : f.states;
+  lf.owner = f.owner;
+  lf.limit = 500;
+  const int64_t cutoff = clock_->UnixMs() - f.older_than_ms;
+  std::vector<std::string> ids;
+  for (;;) {
+    int64_t next = 0;
+    auto page = store_->List(lf, &next);
+    if (!page.ok()) return page.status();
+    for (const Job& j : *page) {
+      if (j.finished_unix_ms() <= cutoff) ids.push_back(j.id());
+    }
+    if (next == 0) break;
+    lf.after_seq = next;
+  }
+  Removed out;
+  if (f.dry_run) {
+    for (const auto& id : ids) out.freed_bytes += TreeBytes(JobDir(id));
+    out.ids = std::move(ids);
+    return out;
+  }
+  for (const auto& id : ids) {
+    std::lock_guard<std::mutex> l(mu_);
+    auto freed = DeleteLocked(id);
+    if (!freed.ok()) {
+      if (absl::IsNotFound(freed.status())) continue;  // deleted meanwhile
+      return freed.status();
+    }
+    out.ids.push_back(id);
+    out.freed_bytes += *freed;
+  }
+  return out;
+}
+
+absl::StatusOr<Removed> JobManager::RunRetention() {
+  PruneFilter f;
+  f.older_than_ms = cfg_.retention_ms;
+  auto out = Prune(f);
+  if (!out.ok()) return out.status();
+  // Leftovers: partial checkpoints of jobs not running, directories of jobs the store no longer has.
+  std::error_code ec;
+  for (fs::directory_iterator it(fs::path(cfg_.data_dir) / "jobs", ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string id = it->path().filename().string();
+    if (id.empty() || id[0] == '.') continue;  // staging areas
+    std::lock_guard<std::mutex> l(mu_);
+    if (running_.count(id) != 0) continue;
+    auto job = store_->Get(id);
+    if (absl::IsNotFound(job.status())) {
+      auto freed = RemoveTree(it->path().string());
+      if (freed.ok()) out->freed_bytes += *freed;
+      continue;
+    }
+    out->freed_bytes += RemovePartialCheckpoints((it->path() / "checkpoints").string());
+  }
+  if (!out->ids.empty() || out->freed_bytes > 0) {
+    std::cerr << "ftd: retention: deleted " << out->ids.size() << " job(s) finished over "
+              << cfg_.retention_ms / 1000 << " s ago, freed " << out->freed_bytes << " bytes" << std::endl;
+  }
+  return out;
+}
+
+absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::Resubmit(const ftd::v1::ResubmitJobRequest& req,
+                                                                const std::string& submitted_by) {
+  auto old = store_->Get(req.id());
+  if (!old.ok()) return old.status();
+  ftd::v1::SubmitJobRequest sub;
+  sub.set_kind(old->kind());
+  sub.set_name(req.name().empty() ? old->name() : req.name());
+  sub.set_priority(old->priority());
+  sub.set_owner(old->owner());
+  sub.set_max_attempts(old->max_attempts());
+  sub.set_request_id(req.request_id());
+  *sub.mutable_spec() = old->spec();
+  for (const auto& kv : req.set()) {
+    if (auto st = ftd::spec::ApplySetOverride(kv, sub.mutable_spec()); !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("set \"", kv, "\": ", st.message()));
+    }
+  }
+  if (!req.resume()) return Submit(sub, submitted_by);
+  if (old->state() != ftd::v1::FAILED && old->state() != ftd::v1::CANCELLED) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", req.id(), " is ", ftd::v1::JobState_Name(old->state()),
+                                                      "; only a FAILED or CANCELLED job can be resumed (resubmit "
+                                                      "without --resume starts a new run)"));
+  }
+  const ftd::v1::CheckpointSpec& ck = old->spec().checkpoint();
+  if (ck.has_enabled() && !ck.enabled()) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", req.id(), " ran with checkpoint.enabled false: there is "
+                                                      "nothing to resume from"));
+  }
+  sub.mutable_spec()->mutable_checkpoint()->set_resume(true);
+  const std::string old_dir = ck.has_dir() ? ck.dir() : (fs::path(JobDir(req.id())) / "checkpoints").string();
+  auto newest = NewestCheckpoint(old_dir);
+  if (!newest.has_value()) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", req.id(), " has no complete checkpoint in ", old_dir,
+                                                      " (cancel --checkpoint writes one); resubmit without --resume "
+                                                      "to start over"));
+  }
+  // A spec with a directory of its own resumes from it as it is. Otherwise the new job gets a copy
+  // of the newest checkpoint (hard links), staged before the job exists and moved into its
+  // directory before it can start.
+  if (ck.has_dir()) return Submit(sub, submitted_by);
+  const fs::path staging = fs::path(cfg_.data_dir) / "jobs" / absl::StrCat(".resume-", RandomToken());
+  const fs::path staged = staging / fs::path(*newest).filename();
+  if (auto st = LinkOrCopyTree(*newest, staged.string()); !st.ok()) {
+    (void)RemoveTree(staging.string());
+    return st;
+  }
+  auto resp = SubmitWith(sub, submitted_by, [&](const Job& job) -> absl::Status {
+    std::error_code ec;
+    fs::create_directories(JobDir(job.id()), ec);
+    fs::rename(staging, fs::path(JobDir(job.id())) / "checkpoints", ec);
+    if (ec) {
+      return absl::InternalError(absl::StrCat("cannot move the checkpoint of ", req.id(), " into place for ", job.id(),
+                                              ": ", ec.message()));
+    }
+    AppendToLog(job.id(), absl::StrCat("[ftd] resuming ", req.id(), " from ", *newest));
+    return absl::OkStatus();
+  });
+  (void)RemoveTree(staging.string());  // gone after the move; left when the request id named an existing job
+  return resp;
+}
+
+ftd::v1::SchedulerState JobManager::SetPaused(bool paused) {
+  const bool was = paused_.exchange(paused);
+  if (was != paused) {
+    std::cerr << "ftd: scheduler " << (paused ? "paused: no queued job starts" : "resumed") << std::endl;
+  }
+  if (!paused) Kick();
+  return Scheduler();
+}
+
+ftd::v1::SchedulerState JobManager::Scheduler() const {
+  ftd::v1::SchedulerState st;
+  st.set_paused(paused_);
+  std::lock_guard<std::mutex> view(view_mu_);
+  st.set_slots(static_cast<int32_t>(slots_.size()));
+  st.set_busy(static_cast<int32_t>(slot_owner_.size()));
+  st.set_queued(static_cast<int64_t>(queue_.size()));
+  return st;
+}
+
+absl::StatusOr<JobManager::LogFile> JobManager::Log(const std::string& id) {
+  auto job = store_->Get(id);
+  if (!job.ok()) return job.status();
+  return LogFile{(fs::path(JobDir(id)) / "worker.log").string(), IsTerminal(job->state())};
+}
+
+void JobManager::AppendToLog(const std::string& id, const std::string& line) const {
+  std::error_code ec;
+  fs::create_directories(JobDir(id), ec);
+  std::ofstream out(fs::path(JobDir(id)) / "worker.log", std::ios::app);
+  out << line << '\n';
 }
 
 JobManager::Watch::Watch(JobManager* m, std::string id, int64_t after_seq)
@@ -536,7 +780,7 @@ void JobManager::LaunchedLocked(const LaunchRequest& req, const absl::StatusOr<i
   }
   a.pid = *pid;
   a.last_seen_ms = clock_->SteadyMs();
-  if (a.cancel || a.drain) launcher_->Stop(a.pid, std::chrono::milliseconds(cfg_.grace_ms));
+  if (a.cancel || a.drain) launcher_->Stop(a.pid, std::chrono::milliseconds(cfg_.grace_ms), StopModeLocked(a));
   auto st = store_->Update(
       a.job_id,
       [&](Job& j, std::vector<JobEvent>&) {
@@ -545,6 +789,10 @@ void JobManager::LaunchedLocked(const LaunchRequest& req, const absl::StatusOr<i
       },
       clock_->UnixMs());
   if (!st.ok()) std::cerr << "ftd: cannot record the worker pid of " << a.job_id << ": " << st.status() << std::endl;
+}
+
+StopMode JobManager::StopModeLocked(const Attempt& a) {
+  return a.drain || a.checkpoint_on_stop ? StopMode::kCheckpoint : StopMode::kNoCheckpoint;
 }
 
 JobManager::Attempt* JobManager::FindLocked(const std::string& job_id, int attempt, const std::string& token) {
@@ -604,6 +852,13 @@ absl::StatusOr<bool> JobManager::OnWorkerMessage(const ftd::v1::WorkerMessage& m
     a->result = msg.result();
     a->result->set_message(Clip(a->result->message(), kMaxWorkerText));
   }
+  if (msg.has_progress() && msg.progress().phase() == "save_checkpoint" && (a->cancel || a->drain) && a->pid > 0 &&
+      StopModeLocked(*a) == StopMode::kCheckpoint) {
+    // A stopping worker writing its checkpoint is not killed while the write moves.
+    a->progress_ms = a->last_seen_ms;
+    launcher_->Postpone(a->pid, std::chrono::milliseconds(cfg_.grace_ms));
+  }
+  if (msg.has_step()) AppendToLog(hello.job_id(), StepLine(msg.step()));
   if (msg.has_step() || msg.has_log() || msg.has_profile()) {
     JobEvent e;
     if (msg.has_step()) {

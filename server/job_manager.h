@@ -14,8 +14,10 @@
 // the launcher and the clock and call Tick() themselves.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -51,8 +53,26 @@ struct ManagerConfig {
   int backoff_base_ms = 2000;           // retry n waits base * 2^(n-1), capped
   int backoff_max_ms = 60000;
   bool requeue_on_restart = true;       // policy for jobs found RUNNING at start (docs/api.md)
-  bool paused = false;                  // accept and store jobs, start none (maintenance)
+  bool paused = false;                  // at start: accept and store jobs, start none (maintenance)
   MachineMemory memory;                 // what a worker may use: the bound at submit (memory_fit.h)
+  // Finished jobs older than this are deleted with their files (0: kept forever); checked every
+  // retention_check_ms, which also removes leftover partial checkpoints (step-N.tmp) of jobs not running.
+  int64_t retention_ms = 0;
+  int64_t retention_check_ms = 3600'000;
+};
+
+// What DeleteJob and PruneJobs removed.
+struct Removed {
+  std::vector<std::string> ids;
+  int64_t freed_bytes = 0;
+};
+
+// Which finished jobs PruneJobs removes: all conditions hold.
+struct PruneFilter {
+  int64_t older_than_ms = 0;              // finished at least this long ago
+  std::vector<ftd::v1::JobState> states;  // terminal states; empty: all three
+  std::string owner;                      // empty: any
+  bool dry_run = false;
 };
 
 class JobManager {
@@ -75,10 +95,36 @@ class JobManager {
 
   // `submitted_by` / `cancelled_by`: the authenticated caller, recorded in the job.
   absl::StatusOr<ftd::v1::SubmitJobResponse> Submit(const ftd::v1::SubmitJobRequest& req,
-                                                    const std::string& submitted_by = "");
+                                                    const std::string& submitted_by = "") {
+    return SubmitWith(req, submitted_by, nullptr);
+  }
   absl::StatusOr<ftd::v1::Job> Get(const std::string& id);
   absl::StatusOr<ftd::v1::ListJobsResponse> List(const ftd::v1::ListJobsRequest& req);
-  absl::StatusOr<ftd::v1::Job> Cancel(const std::string& id, const std::string& cancelled_by = "");
+  // `checkpoint`: the worker writes a checkpoint before it stops (and is not killed while it reports
+  // the write moving); otherwise it stops at its next step boundary without one.
+  absl::StatusOr<ftd::v1::Job> Cancel(const std::string& id, const std::string& cancelled_by = "",
+                                      bool checkpoint = false);
+  // A finished job, its events and its directory (checkpoints, trace, log).
+  absl::StatusOr<Removed> Delete(const std::string& id);
+  absl::StatusOr<Removed> Prune(const PruneFilter& f);
+  // Deletes what the retention outlived and partial checkpoints left behind; Tick() runs it every
+  // retention_check_ms when retention_ms is set.
+  absl::StatusOr<Removed> RunRetention();
+  // A new job from an existing one's request (see ResubmitJobRequest in jobs.proto).
+  absl::StatusOr<ftd::v1::SubmitJobResponse> Resubmit(const ftd::v1::ResubmitJobRequest& req,
+                                                      const std::string& submitted_by = "");
+  // The scheduler: paused, no queued job starts; running jobs go on and submits are accepted.
+  ftd::v1::SchedulerState SetPaused(bool paused);
+  ftd::v1::SchedulerState Scheduler() const;
+
+  // The job's log: the worker's output and the daemon's step lines.
+  struct LogFile {
+    std::string path;
+    bool ended = false;  // the job is finished: the file grows no more
+  };
+  absl::StatusOr<LogFile> Log(const std::string& id);
+  // Wakes on each new event of the job (a log follower's cue that the log may have grown too).
+  std::unique_ptr<EventHub::Subscription> Subscribe(const std::string& id) { return hub_.Subscribe(id); }
 
   // One client's watch of a job's event log.
   class Watch {
@@ -123,11 +169,20 @@ class JobManager {
     int64_t last_progress_ms = 0; // steady ms of the last step or progress report (or of the start)
     std::string last_progress = "started";  // what it was
     bool stuck = false;           // the watchdog killed it
+    bool checkpoint_on_stop = false;  // a cancel asked for a checkpoint (a drain always does)
+    int64_t progress_ms = 0;          // steady ms of the last moving checkpoint write while stopping
     std::optional<ftd::v1::RunResult> result;
     StepTotals totals;            // what its reports added to the metrics so far
     std::optional<WorkerEnd> unrecorded;  // ended, but the outcome is not in the store yet
   };
 
+  // Submit; `prepare` runs under mu_ once the job is stored and before it can start (a resumed job's
+  // checkpoint is moved into place there); its error fails the new job.
+  absl::StatusOr<ftd::v1::SubmitJobResponse> SubmitWith(const ftd::v1::SubmitJobRequest& req,
+                                                        const std::string& submitted_by,
+                                                        const std::function<absl::Status(const ftd::v1::Job&)>& prepare);
+  absl::StatusOr<int64_t> DeleteLocked(const std::string& id);
+  void AppendToLog(const std::string& id, const std::string& line) const;
   absl::StatusOr<ftd::v1::Job> TransitionLocked(const std::string& id,
                                                 const std::function<absl::Status(ftd::v1::Job&)>& change);
   absl::StatusOr<LaunchRequest> StartLocked(const std::string& job_id, const std::string& slot);
@@ -136,6 +191,7 @@ class JobManager {
   void OnWorkerExit(const std::string& job_id, int attempt, ExitStatus st);
   // Records the attempt's outcome; on success removes it and frees its slot.
   bool FinishLocked(Attempt& a, const WorkerEnd& end);
+  static StopMode StopModeLocked(const Attempt& a);
   Attempt* FindLocked(const std::string& job_id, int attempt, const std::string& token);
   void AnnotateLocked(ftd::v1::Job* job) const;
   std::vector<std::string> FreeSlotsLocked() const;
@@ -162,6 +218,8 @@ class JobManager {
   std::map<std::string, std::string> slot_owner_;  // slot -> job id
   std::map<ftd::v1::JobState, int64_t> counts_;    // jobs in the store by state (the ftd_jobs gauge)
   bool draining_ = false;
+  std::atomic<bool> paused_{false};
+  int64_t next_retention_ms_ = 0;  // steady ms of the next retention run
 
   std::mutex loop_mu_;
   std::condition_variable loop_cv_;

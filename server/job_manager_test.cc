@@ -11,7 +11,9 @@
 #include <cctype>
 #include <condition_variable>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <sstream>
 #include <thread>
 
 #include "absl/strings/ascii.h"
@@ -56,10 +58,15 @@ class FakeLauncher final : public WorkerLauncher {
     pids.push_back(next_pid);
     return next_pid++;
   }
-  void Stop(int64_t pid, std::chrono::milliseconds grace) override {
+  void Stop(int64_t pid, std::chrono::milliseconds grace, StopMode mode) override {
     std::lock_guard<std::mutex> l(mu);
     stops.emplace_back(pid, grace.count());
+    stop_modes.push_back(mode);
     cv.notify_all();
+  }
+  void Postpone(int64_t pid, std::chrono::milliseconds grace) override {
+    std::lock_guard<std::mutex> l(mu);
+    postponed.emplace_back(pid, grace.count());
   }
   void Kill(int64_t pid) override {
     std::lock_guard<std::mutex> l(mu);
@@ -95,6 +102,8 @@ class FakeLauncher final : public WorkerLauncher {
   std::vector<LaunchRequest> launches;
   std::vector<int64_t> pids;
   std::vector<std::pair<int64_t, int64_t>> stops;  // (pid, grace ms)
+  std::vector<StopMode> stop_modes;
+  std::vector<std::pair<int64_t, int64_t>> postponed;  // (pid, grace ms)
   std::vector<int64_t> kills;
   std::vector<std::pair<int64_t, std::string>> orphans;
   int64_t next_pid = 4242;
@@ -1011,6 +1020,200 @@ TEST_F(JobManagerTest, StateGaugeFollowsTransitions) {
   EXPECT_EQ(Counter("ftd_jobs", {{"state", "succeeded"}}), 1);
   (void)m;
   (void)a;
+}
+
+}  // namespace
+}  // namespace ftd::server
+
+namespace ftd::server {
+namespace {
+
+ftd::v1::WorkerMessage CheckpointProgress(int64_t done, int64_t total) {
+  ftd::v1::WorkerMessage m;
+  m.mutable_progress()->set_phase("save_checkpoint");
+  m.mutable_progress()->set_done_bytes(done);
+  m.mutable_progress()->set_total_bytes(total);
+  return m;
+}
+
+TEST_F(JobManagerTest, CancelStopsWithoutACheckpointUnlessAskedAndProgressPostponesTheKill) {
+  auto& m = Make();
+  const std::string a = Submit("plain");
+  const LaunchRequest la = StartNext();
+  auto c = m.Cancel(a);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_NE(c->message().find("without a checkpoint"), std::string::npos) << c->message();
+  ASSERT_EQ(launcher_->stop_modes.size(), 1u);
+  EXPECT_EQ(launcher_->stop_modes[0], StopMode::kNoCheckpoint);
+  // A worker stopping without a checkpoint gets no extension whatever it reports.
+  ASSERT_TRUE(Send(la, CheckpointProgress(10, 100)).ok());
+  EXPECT_TRUE(launcher_->postponed.empty());
+  launcher_->Exit(la, Exited(5));
+  EXPECT_EQ(Get(a).state(), ftd::v1::CANCELLED);
+
+  const std::string b = Submit("with-checkpoint");
+  const LaunchRequest lb = StartNext();
+  c = m.Cancel(b, /*checkpoint=*/true);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_NE(c->message().find("after a checkpoint"), std::string::npos) << c->message();
+  ASSERT_EQ(launcher_->stop_modes.size(), 2u);
+  EXPECT_EQ(launcher_->stop_modes[1], StopMode::kCheckpoint);
+  ASSERT_TRUE(Send(lb, CheckpointProgress(0, 100)).ok());
+  ASSERT_TRUE(Send(lb, CheckpointProgress(50, 100)).ok());
+  ASSERT_EQ(launcher_->postponed.size(), 2u);
+  EXPECT_EQ(launcher_->postponed[1], std::make_pair(launcher_->pids[1], static_cast<int64_t>(cfg_.grace_ms)));
+  launcher_->Exit(lb, Exited(5));
+  EXPECT_EQ(Get(b).state(), ftd::v1::CANCELLED);
+}
+
+TEST_F(JobManagerTest, PauseAndResumeWithoutARestart) {
+  auto& m = Make();
+  const std::string a = Submit("a");
+  auto st = m.SetPaused(true);
+  EXPECT_TRUE(st.paused());
+  EXPECT_EQ(st.queued(), 1);
+  m.Tick();
+  EXPECT_EQ(launcher_->Launches(), 0u);
+  EXPECT_EQ(Get(a).reason(), "PAUSED");
+  EXPECT_NE(Get(a).message().find("ftctl resume"), std::string::npos) << Get(a).message();
+  st = m.SetPaused(false);
+  EXPECT_FALSE(st.paused());
+  m.Tick();
+  EXPECT_EQ(launcher_->Launches(), 1u);
+  EXPECT_EQ(m.Scheduler().busy(), 1);
+}
+
+TEST_F(JobManagerTest, StepReportsAreWrittenToTheJobsLog) {
+  Make();
+  const std::string id = Submit("logged");
+  const LaunchRequest l = StartNext();
+  ASSERT_TRUE(Step(l, 1).ok());
+  ASSERT_TRUE(Step(l, 2).ok());
+  auto log = manager_->Log(id);
+  ASSERT_TRUE(log.ok()) << log.status();
+  EXPECT_FALSE(log->ended);
+  std::ifstream in(log->path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  EXPECT_NE(ss.str().find("[ftd] step 1 loss"), std::string::npos) << ss.str();
+  EXPECT_NE(ss.str().find("[ftd] step 2 loss"), std::string::npos) << ss.str();
+}
+
+class RemovalTest : public JobManagerTest {
+ protected:
+  // A job that ran and ended as `outcome`, with files in its directory.
+  std::string Finished(const std::string& name, RunResult::Outcome outcome) {
+    const std::string id = Submit(name);
+    const LaunchRequest l = StartNext();
+    const fs::path ck = fs::path(dir_) / "jobs" / id / "checkpoints";
+    fs::create_directories(ck / "step-00000003");
+    std::ofstream(ck / "step-00000003" / "model.safetensors") << std::string(1000, 'w');
+    std::ofstream(ck / "step-00000003" / "MANIFEST.json") << "{}";
+    fs::create_directories(ck / "step-00000004.tmp");
+    std::ofstream(ck / "step-00000004.tmp" / "model.safetensors") << std::string(500, 'p');
+    EXPECT_TRUE(Report(l, outcome, "done").ok());
+    launcher_->Exit(l, Exited(outcome == RunResult::SUCCEEDED ? 0 : 1));
+    return id;
+  }
+  bool Exists(const std::string& id) { return store_->Get(id).ok(); }
+};
+
+TEST_F(RemovalTest, DeleteRemovesAFinishedJobAndItsFilesButNotAQueuedOne) {
+  Make();
+  const std::string done = Finished("done", RunResult::SUCCEEDED);
+  const std::string queued = Submit("queued");
+  auto r = manager_->Delete(done);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_GE(r->freed_bytes, 1500);
+  EXPECT_FALSE(Exists(done));
+  EXPECT_FALSE(fs::exists(fs::path(dir_) / "jobs" / done));
+  EXPECT_EQ(manager_->Delete(queued).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(manager_->Delete(done).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(Exists(queued));
+}
+
+TEST_F(RemovalTest, PruneTakesStateAndAgeIntoAccount) {
+  Make();
+  const std::string old_ok = Finished("old-ok", RunResult::SUCCEEDED);
+  const std::string old_failed = Finished("old-failed", RunResult::FAILED);
+  clock_.Advance(8 * 86400'000LL);
+  const std::string new_ok = Finished("new-ok", RunResult::SUCCEEDED);
+  PruneFilter f;
+  f.older_than_ms = 7 * 86400'000LL;
+  f.states = {ftd::v1::SUCCEEDED};
+  f.dry_run = true;
+  auto r = manager_->Prune(f);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->ids, std::vector<std::string>{old_ok});
+  EXPECT_TRUE(Exists(old_ok));  // a dry run deletes nothing
+  f.dry_run = false;
+  r = manager_->Prune(f);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->ids, std::vector<std::string>{old_ok});
+  EXPECT_FALSE(Exists(old_ok));
+  EXPECT_TRUE(Exists(old_failed));
+  EXPECT_TRUE(Exists(new_ok));
+  f.states = {ftd::v1::RUNNING};
+  EXPECT_EQ(manager_->Prune(f).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(RemovalTest, RetentionRunsOnTheClockAndRemovesPartialCheckpoints) {
+  cfg_.retention_ms = 30 * 86400'000LL;
+  cfg_.retention_check_ms = 3600'000;
+  auto& m = Make();
+  const std::string old_job = Finished("old", RunResult::SUCCEEDED);
+  clock_.Advance(29 * 86400'000LL);
+  const std::string recent = Finished("recent", RunResult::FAILED);
+  const fs::path tmp = fs::path(dir_) / "jobs" / recent / "checkpoints" / "step-00000004.tmp";
+  ASSERT_TRUE(fs::exists(tmp));
+  // An orphan directory: a job the store no longer has.
+  fs::create_directories(fs::path(dir_) / "jobs" / "j-999999" / "checkpoints");
+  clock_.Advance(2 * 86400'000LL);
+  const auto wait = m.Tick();  // the first retention run is due at once
+  EXPECT_FALSE(Exists(old_job));
+  EXPECT_TRUE(Exists(recent));
+  EXPECT_FALSE(fs::exists(tmp));
+  EXPECT_TRUE(fs::exists(fs::path(dir_) / "jobs" / recent / "checkpoints" / "step-00000003" / "MANIFEST.json"));
+  EXPECT_FALSE(fs::exists(fs::path(dir_) / "jobs" / "j-999999"));
+  ASSERT_TRUE(wait.has_value());
+  EXPECT_LE(wait->count(), cfg_.retention_check_ms);  // it asked to run again
+  clock_.Advance(30 * 86400'000LL);  // past the recent job's retention and the next check
+  m.Tick();
+  EXPECT_FALSE(Exists(recent));
+}
+
+TEST_F(RemovalTest, ResumeStartsANewJobFromTheNewestCheckpoint) {
+  Make();
+  const std::string failed = Finished("to-resume", RunResult::FAILED);
+  ftd::v1::ResubmitJobRequest req;
+  req.set_id(failed);
+  req.set_resume(true);
+  req.add_set("steps=20");
+  auto r = manager_->Resubmit(req);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const Job& j = r->job();
+  EXPECT_NE(j.id(), failed);
+  EXPECT_EQ(j.name(), "to-resume");
+  EXPECT_EQ(j.spec().steps(), 20);
+  EXPECT_TRUE(j.spec().checkpoint().resume());
+  const fs::path ck = fs::path(dir_) / "jobs" / j.id() / "checkpoints";
+  EXPECT_TRUE(fs::exists(ck / "step-00000003" / "MANIFEST.json"));
+  EXPECT_FALSE(fs::exists(ck / "step-00000004.tmp"));  // only the complete checkpoint
+  // The original keeps its files; deleting it leaves the copy intact.
+  ASSERT_TRUE(manager_->Delete(failed).ok());
+  EXPECT_TRUE(fs::exists(ck / "step-00000003" / "model.safetensors"));
+  EXPECT_EQ(fs::file_size(ck / "step-00000003" / "model.safetensors"), 1000u);
+
+  // A succeeded job is not resumed; a bad override names itself.
+  const std::string ok = Finished("ok", RunResult::SUCCEEDED);
+  req.set_id(ok);
+  EXPECT_EQ(manager_->Resubmit(req).status().code(), absl::StatusCode::kFailedPrecondition);
+  req.set_resume(false);
+  req.clear_set();
+  req.add_set("no_such_field=1");
+  const auto bad = manager_->Resubmit(req);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("no_such_field"), std::string::npos) << bad.status();
 }
 
 }  // namespace

@@ -31,6 +31,7 @@
 #include "server/store.h"
 #include "server/worker_cgroups.h"
 #include "server/worker_launcher.h"
+#include "spec/duration.h"
 
 namespace fs = std::filesystem;
 
@@ -99,7 +100,7 @@ int main(int argc, char** argv) {
   app.add_option("--restart-policy", restart_policy, "jobs found RUNNING at start: requeue or fail")
       ->check(CLI::IsMember({"requeue", "fail"}))->capture_default_str();
   bool paused = false;
-  app.add_flag("--paused", paused, "accept and store jobs but start none (maintenance)");
+  app.add_flag("--paused", paused, "start with the scheduler paused (ftctl resume starts it)");
   std::string worker_cgroup = "auto";
   int64_t worker_memory_max = 0;
   app.add_option("--worker-cgroup", worker_cgroup,
@@ -125,7 +126,19 @@ int main(int argc, char** argv) {
   int priority_cap = 100;
   app.add_option("--max-user-priority", priority_cap, "the highest priority a non-admin may submit with")
       ->capture_default_str();
+  std::string retention;
+  app.add_option("--retention", retention,
+                 "delete finished jobs and their files this long after they ended: 30d, 12h, 90m (default: keep)");
   CLI11_PARSE(app, argc, argv);
+  int64_t retention_ms = 0;
+  if (!retention.empty()) {
+    auto d = ftd::spec::ParseAge(retention);
+    if (!d.ok()) {
+      std::cerr << "ftd: --retention: " << d.status().message() << "\n";
+      return 2;
+    }
+    retention_ms = *d;
+  }
   lc.listen = listen;
   if (auto st = lc.Resolve(data_dir); !st.ok()) {
     std::cerr << "ftd: " << st.message() << "\n";
@@ -201,6 +214,8 @@ int main(int argc, char** argv) {
   mc.requeue_on_restart = restart_policy == "requeue";
   mc.paused = paused;
   mc.memory = {cgroups != nullptr ? std::min(ram, worker_limit) : ram, GpuMemoryBytes(mc.gpus)};
+  mc.retention_ms = retention_ms;
+  mc.retention_check_ms = std::clamp<int64_t>(retention_ms / 10, 1000, 3600'000);
   ftd::server::JobManager manager(mc, store->get(), &metrics, &launcher, &clock);
 
   std::atomic<bool> stopping{false};

@@ -9,6 +9,7 @@
 #include "proto/grpc_status.h"
 #include "server/authz.h"
 #include "server/handler.h"
+#include "server/job_log.h"
 #include "server/request_limits.h"
 
 namespace ftd::server {
@@ -107,7 +108,7 @@ grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* ctx, const ftd::v1::
     auto job = m_->Get(req->id());
     if (!job.ok()) return ToGrpc(job.status());
     if (auto st = MayChangeJob(who, *job, "cancel"); !st.ok()) return ToGrpc(st);
-    auto r = m_->Cancel(req->id(), who.user());
+    auto r = m_->Cancel(req->id(), who.user(), req->checkpoint());
     if (!r.ok()) return ToGrpc(r.status());
     *resp = std::move(*r);
     return grpc::Status::OK;
@@ -160,6 +161,109 @@ grpc::Status JobServiceImpl::GetTrace(grpc::ServerContext* ctx, const ftd::v1::G
       chunk.set_data(buf.data(), n);
       if (!writer->Write(chunk)) return ClientGone();
     }
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status JobServiceImpl::DeleteJob(grpc::ServerContext* ctx, const ftd::v1::DeleteJobRequest* req,
+                                       ftd::v1::DeleteJobResponse* resp) {
+  return Authed(auth_, ctx, req, resp, [&](const Identity& who) {
+    if (auto st = RequireId(req->id()); !st.ok()) return ToGrpc(st);
+    auto job = m_->Get(req->id());
+    if (!job.ok()) return ToGrpc(job.status());
+    if (auto st = MayChangeJob(who, *job, "delete"); !st.ok()) return ToGrpc(st);
+    auto r = m_->Delete(req->id());
+    if (!r.ok()) return ToGrpc(r.status());
+    resp->set_id(req->id());
+    resp->set_freed_bytes(r->freed_bytes);
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status JobServiceImpl::PruneJobs(grpc::ServerContext* ctx, const ftd::v1::PruneJobsRequest* req,
+                                       ftd::v1::PruneJobsResponse* resp) {
+  return Authed(auth_, ctx, req, resp, [&](const Identity& who) {
+    if (req->older_than_seconds() < 0) {
+      return ToGrpc(absl::InvalidArgumentError(
+          absl::StrCat("older_than_seconds must be >= 0 (got ", req->older_than_seconds(), ")")));
+    }
+    PruneFilter f;
+    f.older_than_ms = req->older_than_seconds() * 1000;
+    for (int s : req->states()) f.states.push_back(static_cast<ftd::v1::JobState>(s));
+    // A user prunes their own jobs; an admin anyone's (or everyone's, with no owner).
+    f.owner = req->owner().empty() && !IsAdmin(who) ? who.user() : req->owner();
+    if (f.owner != who.user()) {
+      if (auto st = MayAdminister(who, "prune other users' jobs"); !st.ok()) return ToGrpc(st);
+    }
+    f.dry_run = req->dry_run();
+    auto r = m_->Prune(f);
+    if (!r.ok()) return ToGrpc(r.status());
+    for (auto& id : r->ids) resp->add_ids(std::move(id));
+    resp->set_freed_bytes(r->freed_bytes);
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status JobServiceImpl::ResubmitJob(grpc::ServerContext* ctx, const ftd::v1::ResubmitJobRequest* req,
+                                         ftd::v1::SubmitJobResponse* resp) {
+  return Authed(auth_, ctx, req, resp, [&](const Identity& who) {
+    if (auto st = RequireId(req->id()); !st.ok()) return ToGrpc(st);
+    auto job = m_->Get(req->id());
+    if (!job.ok()) return ToGrpc(job.status());
+    // The new job is submitted by the caller for the original's owner: the same checks as a submit.
+    if (auto st = MayReadJob(who, *job, "resubmit"); !st.ok()) return ToGrpc(st);
+    auto owner = SubmitOwner(who, job->owner());
+    if (!owner.ok()) return ToGrpc(owner.status());
+    if (auto st = MaySetPriority(who, job->priority(), priority_cap_); !st.ok()) return ToGrpc(st);
+    auto r = m_->Resubmit(*req, who.user());
+    if (!r.ok()) return ToGrpc(r.status());
+    *resp = std::move(*r);
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status JobServiceImpl::GetLogs(grpc::ServerContext* ctx, const ftd::v1::GetLogsRequest* req,
+                                     grpc::ServerWriter<ftd::v1::LogChunk>* writer) {
+  return Authed(auth_, ctx, req, nullptr, [&](const Identity& who) {
+    if (auto st = RequireId(req->id()); !st.ok()) return ToGrpc(st);
+    if (auto st = MayRead(m_, who, req->id(), "read the log of"); !st.ok()) return ToGrpc(st);
+    ftd::v1::LogChunk chunk;
+    auto st = StreamJobLog(
+        m_, req->id(), req->follow(), req->tail_bytes(),
+        [&](std::string_view data) {
+          chunk.set_data(data.data(), data.size());
+          return writer->Write(chunk);
+        },
+        [&] { return ctx->IsCancelled() || stopping_->load(); });
+    if (absl::IsCancelled(st) && stopping_->load()) {
+      return ToGrpc(absl::UnavailableError("ftd is shutting down; run ftctl logs again once it is back"));
+    }
+    return ToGrpc(st);
+  });
+}
+
+grpc::Status JobServiceImpl::PauseScheduler(grpc::ServerContext* ctx, const ftd::v1::SchedulerRequest* req,
+                                            ftd::v1::SchedulerState* resp) {
+  return Authed(auth_, ctx, req, resp, [&](const Identity& who) {
+    if (auto st = MayAdminister(who, "pause the scheduler"); !st.ok()) return ToGrpc(st);
+    *resp = m_->SetPaused(true);
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status JobServiceImpl::ResumeScheduler(grpc::ServerContext* ctx, const ftd::v1::SchedulerRequest* req,
+                                             ftd::v1::SchedulerState* resp) {
+  return Authed(auth_, ctx, req, resp, [&](const Identity& who) {
+    if (auto st = MayAdminister(who, "resume the scheduler"); !st.ok()) return ToGrpc(st);
+    *resp = m_->SetPaused(false);
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status JobServiceImpl::GetScheduler(grpc::ServerContext* ctx, const ftd::v1::SchedulerRequest* req,
+                                          ftd::v1::SchedulerState* resp) {
+  return Authed(auth_, ctx, req, resp, [&](const Identity&) {
+    *resp = m_->Scheduler();
     return grpc::Status::OK;
   });
 }

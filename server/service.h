@@ -34,6 +34,16 @@ class JobServiceImpl final
                         grpc::ServerWriter<ftd::v1::JobEvent>*) override;
   grpc::Status GetTrace(grpc::ServerContext*, const ftd::v1::GetTraceRequest*,
                         grpc::ServerWriter<ftd::v1::TraceChunk>*) override;
+  grpc::Status DeleteJob(grpc::ServerContext*, const ftd::v1::DeleteJobRequest*, ftd::v1::DeleteJobResponse*) override;
+  grpc::Status PruneJobs(grpc::ServerContext*, const ftd::v1::PruneJobsRequest*, ftd::v1::PruneJobsResponse*) override;
+  grpc::Status ResubmitJob(grpc::ServerContext*, const ftd::v1::ResubmitJobRequest*,
+                           ftd::v1::SubmitJobResponse*) override;
+  grpc::Status GetLogs(grpc::ServerContext*, const ftd::v1::GetLogsRequest*,
+                       grpc::ServerWriter<ftd::v1::LogChunk>*) override;
+  grpc::Status PauseScheduler(grpc::ServerContext*, const ftd::v1::SchedulerRequest*, ftd::v1::SchedulerState*) override;
+  grpc::Status ResumeScheduler(grpc::ServerContext*, const ftd::v1::SchedulerRequest*,
+                               ftd::v1::SchedulerState*) override;
+  grpc::Status GetScheduler(grpc::ServerContext*, const ftd::v1::SchedulerRequest*, ftd::v1::SchedulerState*) override;
 
  private:
   grpc::Status Submit(const Identity& who, const ftd::v1::SubmitJobRequest& req, ftd::v1::SubmitJobResponse* resp);

@@ -103,14 +103,28 @@ absl::StatusOr<pid_t> Supervisor::Spawn(const SpawnRequest& req) {
   return pid;
 }
 
-void Supervisor::Stop(pid_t pid, int grace_ms) {
+void Supervisor::Stop(pid_t pid, int grace_ms, int sig) {
   {
     std::lock_guard<std::mutex> l(mu_);
     if (pid <= 0 || live_.count(pid) == 0) return;
-    ::kill(-pid, SIGTERM);
+    ::kill(-pid, sig);
+    std::erase_if(kill_at_, [&](const auto& kv) { return kv.second == pid; });
     kill_at_.emplace(SteadyMs() + grace_ms, pid);
   }
   Wake();
+}
+
+void Supervisor::Postpone(pid_t pid, int grace_ms) {
+  std::lock_guard<std::mutex> l(mu_);
+  const int64_t at = SteadyMs() + grace_ms;
+  for (auto it = kill_at_.begin(); it != kill_at_.end(); ++it) {
+    if (it->second != pid) continue;
+    if (it->first < at) {
+      kill_at_.erase(it);
+      kill_at_.emplace(at, pid);
+    }
+    return;  // a later deadline needs no wake-up of the reaper
+  }
 }
 
 void Supervisor::Kill(pid_t pid) {

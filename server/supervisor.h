@@ -34,9 +34,12 @@ class Supervisor {
   ~Supervisor();  // stops the reaper; does not kill workers
 
   absl::StatusOr<pid_t> Spawn(const SpawnRequest& req);
-  // SIGTERM to the process group now, SIGKILL to it after `grace_ms` if it is still there. Only for
-  // a child of this supervisor that has not been reaped (so its group id cannot have been reused).
-  void Stop(pid_t pid, int grace_ms);
+  // `sig` (SIGTERM, SIGUSR1) to the process group now, SIGKILL to it after `grace_ms` if it is still
+  // there (replacing an earlier deadline). Only for a child of this supervisor that has not been
+  // reaped (so its group id cannot have been reused).
+  void Stop(pid_t pid, int grace_ms, int sig);
+  // A child being stopped gets its SIGKILL no sooner than `grace_ms` from now.
+  void Postpone(pid_t pid, int grace_ms);
   // SIGKILL to the process group of a child not yet reaped.
   void Kill(pid_t pid);
 

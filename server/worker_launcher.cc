@@ -81,9 +81,14 @@ void ProcessLauncher::MarkKilled(int64_t pid) {
   killed_.insert(static_cast<pid_t>(pid));
 }
 
-void ProcessLauncher::Stop(int64_t pid, std::chrono::milliseconds grace) {
+void ProcessLauncher::Stop(int64_t pid, std::chrono::milliseconds grace, StopMode mode) {
   MarkKilled(pid);
-  supervisor_->Stop(static_cast<pid_t>(pid), static_cast<int>(grace.count()));
+  supervisor_->Stop(static_cast<pid_t>(pid), static_cast<int>(grace.count()),
+                    mode == StopMode::kCheckpoint ? SIGTERM : SIGUSR1);
+}
+
+void ProcessLauncher::Postpone(int64_t pid, std::chrono::milliseconds grace) {
+  supervisor_->Postpone(static_cast<pid_t>(pid), static_cast<int>(grace.count()));
 }
 
 void ProcessLauncher::Kill(int64_t pid) {

@@ -30,6 +30,10 @@ struct LaunchRequest {
   std::string slot;   // "gpu:N" or "cpu"
 };
 
+// How a worker is asked to stop: SIGTERM, write a checkpoint and stop (drain, cancel --checkpoint);
+// SIGUSR1, stop at the next step boundary without one (a plain cancel).
+enum class StopMode { kCheckpoint, kNoCheckpoint };
+
 class WorkerLauncher {
  public:
   // Called once per launched attempt when its worker has ended (from a thread of the launcher's).
@@ -40,8 +44,10 @@ class WorkerLauncher {
   virtual void SetExitHandler(ExitHandler handler) = 0;
   // Starts the attempt's worker; returns its process id (also its process group's).
   virtual absl::StatusOr<int64_t> Launch(const LaunchRequest& req) = 0;
-  // Asks the worker to stop (SIGTERM to its group), killing it after `grace`.
-  virtual void Stop(int64_t pid, std::chrono::milliseconds grace) = 0;
+  // Asks the worker to stop (a signal to its group, as `mode` says), killing it after `grace`.
+  virtual void Stop(int64_t pid, std::chrono::milliseconds grace, StopMode mode) = 0;
+  // A stopping worker showed progress: its kill comes no sooner than `grace` from now.
+  virtual void Postpone(int64_t pid, std::chrono::milliseconds grace) = 0;
   // Kills the worker's process group now.
   virtual void Kill(int64_t pid) = 0;
   // A worker a previous daemon started for `job_id` (its pid from the store) may still run: kill its
@@ -66,7 +72,8 @@ class ProcessLauncher final : public WorkerLauncher {
 
   void SetExitHandler(ExitHandler handler) override;
   absl::StatusOr<int64_t> Launch(const LaunchRequest& req) override;
-  void Stop(int64_t pid, std::chrono::milliseconds grace) override;
+  void Stop(int64_t pid, std::chrono::milliseconds grace, StopMode mode) override;
+  void Postpone(int64_t pid, std::chrono::milliseconds grace) override;
   void Kill(int64_t pid) override;
   void KillOrphan(int64_t pid, const std::string& job_id) override;
 

@@ -28,7 +28,7 @@ int ExitCodeFor(int outcome) {
   return 1;
 }
 
-int RunAgent(const AgentOptions& opts, std::atomic<bool>* stop) {
+int RunAgent(const AgentOptions& opts, std::atomic<bool>* stop, const std::atomic<bool>* skip_checkpoint) {
   auto channel = grpc::CreateChannel(opts.address, grpc::InsecureChannelCredentials());
   auto stub = ftd::v1::WorkerService::NewStub(channel);
   ftd::v1::WorkerHello hello;
@@ -131,6 +131,14 @@ int RunAgent(const AgentOptions& opts, std::atomic<bool>* stop) {
       });
     };
     hooks.stop = stop;
+    hooks.skip_checkpoint = skip_checkpoint;
+    hooks.on_progress = [&](const engine::Progress& p) {
+      ftd::v1::WorkerMessage msg;
+      msg.mutable_progress()->set_phase(engine::ProgressPhaseName(p.phase));
+      msg.mutable_progress()->set_done_bytes(static_cast<int64_t>(p.done_bytes));
+      msg.mutable_progress()->set_total_bytes(static_cast<int64_t>(p.total_bytes));
+      send(msg);
+    };
     if (assignment.profile()) {
       config->profile.enabled = true;
       config->profile.trace_path = assignment.trace_path();

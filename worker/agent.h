@@ -18,7 +18,8 @@ struct AgentOptions {
 
 // Returns the process exit code (the same as `ftd-worker run`). `stop` is set by SIGTERM/SIGINT; the
 // agent also sets it when the daemon goes away, so a worker never trains on unsupervised.
-int RunAgent(const AgentOptions& opts, std::atomic<bool>* stop);
+// `skip_checkpoint` is set (before `stop`) by SIGUSR1: stop without the checkpoint a stop writes.
+int RunAgent(const AgentOptions& opts, std::atomic<bool>* stop, const std::atomic<bool>* skip_checkpoint);
 int ExitCodeFor(int outcome);  // engine::Outcome as int
 
 }  // namespace ftd::worker

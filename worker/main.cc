@@ -27,8 +27,14 @@
 namespace {
 
 std::atomic<bool> g_stop{false};
+std::atomic<bool> g_skip_checkpoint{false};
 static_assert(std::atomic<bool>::is_always_lock_free);
 extern "C" void OnSignal(int) { g_stop.store(true); }
+// ftd's plain cancel: stop at the next step without the checkpoint SIGTERM writes.
+extern "C" void OnStopWithoutCheckpoint(int) {
+  g_skip_checkpoint.store(true);
+  g_stop.store(true);
+}
 
 int ExitCode(ftd::engine::Outcome o) { return ftd::worker::ExitCodeFor(static_cast<int>(o)); }
 
@@ -273,7 +279,8 @@ int main(int argc, char** argv) {
   if (*agent) {
     std::signal(SIGINT, OnSignal);
     std::signal(SIGTERM, OnSignal);
-    return ftd::worker::RunAgent(agent_opts, &g_stop);
+    std::signal(SIGUSR1, OnStopWithoutCheckpoint);
+    return ftd::worker::RunAgent(agent_opts, &g_stop, &g_skip_checkpoint);
   }
   if (*def) {
     std::cout << ftd::spec::TrainSpecToJson(ftd::spec::DefaultTrainSpec(gpu)) << std::endl;

@@ -7,7 +7,11 @@
 //     {"steps": 3,                 step reports to send (step 1..N, 128 tokens each)
 //      "step_interval_ms": 10,     pause before each step report
 //      "allocate_mb": 512,         then allocate and touch this much memory, 1 MiB at a time
-//      "wait_for_stop": true,      then keep heartbeating until SIGTERM; report CANCELLED and exit 5
+//      "wait_for_stop": true,      then keep heartbeating until SIGTERM or SIGUSR1; report CANCELLED
+//                                  and exit 5. SIGTERM asks for a checkpoint first: it prints
+//                                  "fake-worker: checkpoint" and takes "checkpoint_ms" (default 0) to
+//                                  write it, reporting save_checkpoint progress every 100 ms; SIGUSR1
+//                                  stops without one ("fake-worker: no checkpoint").
 //      "result": "OUT_OF_MEMORY",  a RunResult outcome to report (absent: report nothing)
 //      "message": "...",           its message
 //      "exit": 3,                  the exit code (default 0)
@@ -39,7 +43,11 @@
 namespace {
 
 std::atomic<bool> g_stop{false};
-extern "C" void OnSigterm(int) { g_stop.store(true); }
+std::atomic<bool> g_checkpoint{false};  // the stop asked for a checkpoint (SIGTERM, not SIGUSR1)
+extern "C" void OnSigterm(int sig) {
+  if (sig != SIGUSR1) g_checkpoint.store(true);
+  g_stop.store(true);
+}
 
 int64_t UnixUs() {
   return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
@@ -60,6 +68,7 @@ int main(int argc, char** argv) {
   sa.sa_handler = OnSigterm;
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGUSR1, &sa, nullptr);
 
   std::string address, job_id, token;
   int attempt = 0;
@@ -153,6 +162,23 @@ int main(int argc, char** argv) {
   int exit_code = script.value("exit", 0);
   if (script.value("wait_for_stop", false)) {
     while (!g_stop.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (g_checkpoint.load()) {
+      std::printf("fake-worker: checkpoint\n");
+      std::fflush(stdout);
+      const int checkpoint_ms = script.value("checkpoint_ms", 0);
+      constexpr int64_t kTotal = 1000;
+      for (int t = 0; t <= checkpoint_ms; t += 100) {
+        ftd::v1::WorkerMessage m;
+        m.mutable_progress()->set_phase("save_checkpoint");
+        m.mutable_progress()->set_total_bytes(kTotal);
+        m.mutable_progress()->set_done_bytes(checkpoint_ms == 0 ? kTotal : kTotal * t / checkpoint_ms);
+        send(m);
+        if (t < checkpoint_ms) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+    } else {
+      std::printf("fake-worker: no checkpoint\n");
+      std::fflush(stdout);
+    }
     outcome = "CANCELLED";
     message = "stopped on request";
     exit_code = 5;

@@ -83,6 +83,8 @@ struct RunHooks {
   std::function<void(const StepMetrics&)> on_step;    // every log_every steps and the last
   std::function<void(std::string_view)> on_log;       // human-readable progress lines
   const std::atomic<bool>* stop = nullptr;            // set to end the run after the current step
+  // Set (with stop) to end it without the checkpoint a stop otherwise writes (a plain cancel).
+  const std::atomic<bool>* skip_checkpoint = nullptr;
   std::function<void(const ProfileSummary&)> on_profile;  // profiled runs: once, after the profiled steps
   // Outside training steps: loading the weights (load_weights), opening the data (load_data),
   // resuming (load_checkpoint) and writing a checkpoint (save_checkpoint). Called from the training

@@ -265,6 +265,10 @@ RunSummary Run(const TrainConfig& cfg, const RunHooks& hooks) {
       profile_t0 = std::chrono::steady_clock::now();
     }
     if (hooks.stop != nullptr && hooks.stop->load()) {
+      if (hooks.skip_checkpoint != nullptr && hooks.skip_checkpoint->load()) {
+        return fail(Outcome::kCancelled, absl::StrCat("stopped on request after step ", state.step,
+                                                      ", without a checkpoint"));
+      }
       if (auto s = checkpoint(); !s.ok()) return fail(Outcome::kFailed, std::string(s.message()));
       return fail(Outcome::kCancelled, absl::StrCat("stopped on request after step ", state.step));
     }

@@ -1,0 +1,37 @@
+// A job's files in the daemon's data directory (<data-dir>/jobs/<id>/: worker.log, trace.json,
+// checkpoints/step-N/) and the operations on them that deleting, pruning, retention and resuming
+// need. No gRPC, no store.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "ftd/v1/job_spec.pb.h"
+
+namespace ftd::server {
+
+// The bytes of the regular files under `path` (0 when it does not exist).
+int64_t TreeBytes(const std::string& path);
+
+// Removes `path` and everything under it; returns the bytes freed. A missing path frees 0.
+absl::StatusOr<int64_t> RemoveTree(const std::string& path);
+
+// The newest complete checkpoint in `dir`: the step-N directory with the highest N that has its
+// MANIFEST.json (written last, docs/checkpoint-format.md). nullopt when there is none.
+std::optional<std::string> NewestCheckpoint(const std::string& dir);
+
+// Copies the tree `from` to `to` (which must not exist) with hard links where the filesystem allows
+// and byte copies where it does not (another filesystem).
+absl::Status LinkOrCopyTree(const std::string& from, const std::string& to);
+
+// Removes partial checkpoints (step-N.tmp directories) in `dir`, left by a writer that died; the
+// caller makes sure no writer runs there. Returns the bytes freed.
+int64_t RemovePartialCheckpoints(const std::string& dir);
+
+// One line of a job's log for a step report: "[ftd] step 10/100 loss 2.3456 lr 1e-04 1234 tok/s".
+std::string StepLine(const ftd::v1::StepReport& step);
+
+}  // namespace ftd::server

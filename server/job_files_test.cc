@@ -1,0 +1,108 @@
+// The job-file operations (deleting, resuming, retention's leftovers) and the log reader, on real
+// files in a temporary directory.
+#include "server/job_files.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "server/job_log.h"
+
+namespace ftd::server {
+namespace {
+
+namespace fs = std::filesystem;
+
+class JobFilesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/ftd-job-files-test-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  void Write(const fs::path& p, const std::string& text) {
+    fs::create_directories(p.parent_path());
+    std::ofstream(p, std::ios::binary) << text;
+  }
+  fs::path dir_;
+};
+
+TEST_F(JobFilesTest, TheNewestCheckpointIsTheHighestStepWithAManifest) {
+  const fs::path ck = dir_ / "checkpoints";
+  EXPECT_FALSE(NewestCheckpoint(ck.string()).has_value());  // no directory at all
+  Write(ck / "step-00000002" / "MANIFEST.json", "{}");
+  Write(ck / "step-00000010" / "MANIFEST.json", "{}");
+  Write(ck / "step-00000012" / "model.safetensors", "partial");  // no manifest: incomplete
+  Write(ck / "step-00000020.tmp" / "MANIFEST.json", "{}");        // a partial write
+  Write(ck / "notes" / "MANIFEST.json", "{}");
+  EXPECT_EQ(NewestCheckpoint(ck.string()), (ck / "step-00000010").string());
+}
+
+TEST_F(JobFilesTest, PartialCheckpointsAreRemovedAndCompleteOnesKept) {
+  const fs::path ck = dir_ / "checkpoints";
+  Write(ck / "step-00000010" / "MANIFEST.json", "{}");
+  Write(ck / "step-00000020.tmp" / "model.safetensors", std::string(1000, 'x'));
+  Write(ck / "step-00000030.tmp" / "optimizer.safetensors", std::string(24, 'y'));
+  EXPECT_EQ(RemovePartialCheckpoints(ck.string()), 1024);
+  EXPECT_TRUE(fs::exists(ck / "step-00000010" / "MANIFEST.json"));
+  EXPECT_FALSE(fs::exists(ck / "step-00000020.tmp"));
+  EXPECT_FALSE(fs::exists(ck / "step-00000030.tmp"));
+}
+
+TEST_F(JobFilesTest, RemoveTreeCountsTheBytesItFreed) {
+  Write(dir_ / "j" / "worker.log", std::string(100, 'l'));
+  Write(dir_ / "j" / "checkpoints" / "step-1" / "model.safetensors", std::string(4096, 'm'));
+  EXPECT_EQ(TreeBytes((dir_ / "j").string()), 4196);
+  EXPECT_EQ(RemoveTree((dir_ / "j").string()).value(), 4196);
+  EXPECT_FALSE(fs::exists(dir_ / "j"));
+  EXPECT_EQ(RemoveTree((dir_ / "j").string()).value(), 0);
+}
+
+TEST_F(JobFilesTest, ACheckpointIsCopiedWithHardLinks) {
+  Write(dir_ / "a" / "step-5" / "MANIFEST.json", "{\"step\": 5}");
+  Write(dir_ / "a" / "step-5" / "sub" / "x.bin", "xyz");
+  ASSERT_TRUE(LinkOrCopyTree((dir_ / "a" / "step-5").string(), (dir_ / "b" / "step-5").string()).ok());
+  std::ifstream in(dir_ / "b" / "step-5" / "sub" / "x.bin");
+  std::string got;
+  in >> got;
+  EXPECT_EQ(got, "xyz");
+  EXPECT_EQ(fs::hard_link_count(dir_ / "b" / "step-5" / "MANIFEST.json"), 2u);
+}
+
+TEST_F(JobFilesTest, TheLogReaderFollowsAGrowingFileAndTailsFromAWholeLine) {
+  const fs::path log = dir_ / "worker.log";
+  LogReader early(log.string(), 0);
+  EXPECT_EQ(early.Read(1 << 20), "");  // not there yet
+  Write(log, "one\ntwo\nthree\n");
+  EXPECT_EQ(early.Read(1 << 20), "one\ntwo\nthree\n");
+  EXPECT_EQ(early.Read(1 << 20), "");
+  std::ofstream(log, std::ios::app) << "four\n";
+  EXPECT_EQ(early.Read(1 << 20), "four\n");
+
+  LogReader tail(log.string(), 8);  // the last 8 bytes are "e\nfour\n" and part of "three"
+  EXPECT_EQ(tail.Read(1 << 20), "four\n");
+  LogReader exact(log.string(), 11);  // "three\nfour\n": the window starts at a line
+  EXPECT_EQ(exact.Read(1 << 20), "three\nfour\n");
+}
+
+TEST(StepLine, SaysTheStepAndItsNumbers) {
+  ftd::v1::StepReport s;
+  s.set_step(10);
+  s.set_total_steps(100);
+  s.set_loss(2.34567);
+  s.set_lr(1e-4);
+  s.set_grad_norm(0.5);
+  s.set_tokens_per_s(1234.4);
+  s.set_step_time_s(0.25);
+  EXPECT_EQ(StepLine(s), "[ftd] step 10/100 loss 2.3457 lr 0.0001 grad_norm 0.5 1234 tok/s 0.250s/step");
+}
+
+}  // namespace
+}  // namespace ftd::server
