@@ -852,9 +852,9 @@ absl::StatusOr<bool> JobManager::OnWorkerMessage(const ftd::v1::WorkerMessage& m
     a->result = msg.result();
     a->result->set_message(Clip(a->result->message(), kMaxWorkerText));
   }
-  if (msg.has_progress() && msg.progress().phase() == "save_checkpoint" && (a->cancel || a->drain) && a->pid > 0 &&
-      StopModeLocked(*a) == StopMode::kCheckpoint) {
-    // A stopping worker writing its checkpoint is not killed while the write moves.
+  if ((msg.has_step() || (msg.has_progress() && msg.progress().phase() == "save_checkpoint")) &&
+      (a->cancel || a->drain) && a->pid > 0 && StopModeLocked(*a) == StopMode::kCheckpoint) {
+    // A worker stopping with a checkpoint is not killed while it finishes its step and writes.
     a->progress_ms = a->last_seen_ms;
     launcher_->Postpone(a->pid, std::chrono::milliseconds(cfg_.grace_ms));
   }

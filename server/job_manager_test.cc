@@ -1053,7 +1053,7 @@ TEST_F(JobManagerTest, CancelStopsWithoutACheckpointUnlessAskedAndProgressPostpo
 
   const std::string b = Submit("with-checkpoint");
   const LaunchRequest lb = StartNext();
-  c = m.Cancel(b, /*checkpoint=*/true);
+  c = m.Cancel(b, "alice", /*checkpoint=*/true);
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_NE(c->message().find("after a checkpoint"), std::string::npos) << c->message();
   ASSERT_EQ(launcher_->stop_modes.size(), 2u);
