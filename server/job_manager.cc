@@ -5,6 +5,7 @@
 #include <iostream>
 #include <random>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "server/job_events.h"
@@ -179,6 +180,7 @@ std::optional<std::chrono::milliseconds> JobManager::Tick() {
         } else {
           std::cerr << "ftd: cannot start job " << p.job_id << ": " << req.status() << "; trying again in 1 s"
                     << std::endl;
+          metrics_->StoreWriteFailed("state");
           wake_in(1000);
         }
       }
@@ -325,7 +327,13 @@ absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::SubmitWith(
     std::lock_guard<std::mutex> l(mu_);
     // The queue limit is checked in the insert's transaction.
     auto inserted = store_->Insert(job, clock_->UnixMs(), cfg_.max_queued);
-    if (!inserted.ok()) return inserted.status();
+    if (!inserted.ok()) {
+      const auto& st = inserted.status();
+      if (absl::StrContains(st.message(), "the disk is full") || absl::IsInternal(st) || absl::IsDataLoss(st)) {
+        metrics_->StoreWriteFailed("submit");
+      }
+      return st;
+    }
     if (!inserted->second) {
       if (auto st = CheckSameRequest(inserted->first, job); !st.ok()) return st;
     }
@@ -448,23 +456,44 @@ absl::StatusOr<Job> JobManager::Cancel(const std::string& id, const std::string&
   if (it != running_.end()) {
     Attempt& a = it->second;
     if (a.unrecorded.has_value()) {
-      return absl::UnavailableError(absl::StrCat("job ", id, " has ended but ftd could not record its outcome yet (",
-                                                 "see its log); try again later"));
+      // The worker is gone and its outcome waits in memory for the store. A final outcome stays
+      // what it is; one that would be retried is cancelled instead.
+      const Verdict v = Classify(*a.unrecorded, a.attempt, cfg_.heartbeat_timeout_ms / 1000.0);
+      const bool retry = Info(v.reason).retry != Retry::kNever;
+      if (retry) a.unrecorded->cancel = true;
+      auto job = store_->Get(id);
+      if (!job.ok()) return job.status();
+      job->set_message(absl::StrCat("the worker has ended (", std::string(Info(v.reason).code), ": ", v.message,
+                                    "); ftd cannot write that to its store yet and keeps it in memory until it can",
+                                    retry ? "; cancelled: it will not be retried" : ""));
+      return job;
     }
     a.cancel = true;
     a.checkpoint_on_stop = checkpoint;
     if (a.pid > 0) launcher_->Stop(a.pid, std::chrono::milliseconds(cfg_.grace_ms), StopModeLocked(a));
     // else: once launched
-    return TransitionLocked(id, [&](Job& job) {
+    const std::string stopping =
+        checkpoint ? absl::StrCat("stopping the worker after a checkpoint (SIGTERM; SIGKILL once it shows no "
+                                  "progress for ", cfg_.grace_ms / 1000.0, "s)")
+                   : absl::StrCat("stopping the worker at its next step, without a checkpoint (SIGUSR1; SIGKILL "
+                                  "after ", cfg_.grace_ms / 1000.0, "s)");
+    auto job = TransitionLocked(id, [&](Job& job) {
       job.set_reason("CANCELLING");
       job.set_cancelled_by(cancelled_by);
-      job.set_message(
-          checkpoint ? absl::StrCat("stopping the worker after a checkpoint (SIGTERM; SIGKILL once it shows no "
-                                    "progress for ", cfg_.grace_ms / 1000.0, "s)")
-                     : absl::StrCat("stopping the worker at its next step, without a checkpoint (SIGUSR1; SIGKILL "
-                                    "after ", cfg_.grace_ms / 1000.0, "s)"));
+      job.set_message(stopping);
       return absl::OkStatus();
     });
+    if (job.ok()) return job;
+    // The cancel goes on all the same; its outcome is written once the store takes it.
+    metrics_->StoreWriteFailed("state");
+    std::cerr << "ftd: cannot record the cancel of job " << id << ": " << job.status()
+              << "; the worker is being stopped anyway" << std::endl;
+    auto stored = store_->Get(id);
+    if (!stored.ok()) return stored.status();
+    stored->set_reason("CANCELLING");
+    stored->set_cancelled_by(cancelled_by);
+    stored->set_message(absl::StrCat(stopping, "; not yet written to ftd's store: ", job.status().message()));
+    return stored;
   }
   auto job = store_->Get(id);
   if (!job.ok()) return job.status();
@@ -788,7 +817,10 @@ void JobManager::LaunchedLocked(const LaunchRequest& req, const absl::StatusOr<i
         return absl::OkStatus();
       },
       clock_->UnixMs());
-  if (!st.ok()) std::cerr << "ftd: cannot record the worker pid of " << a.job_id << ": " << st.status() << std::endl;
+  if (!st.ok()) {
+    metrics_->StoreWriteFailed("state");
+    std::cerr << "ftd: cannot record the worker pid of " << a.job_id << ": " << st.status() << std::endl;
+  }
 }
 
 StopMode JobManager::StopModeLocked(const Attempt& a) {
@@ -870,8 +902,17 @@ absl::StatusOr<bool> JobManager::OnWorkerMessage(const ftd::v1::WorkerMessage& m
     } else {
       e.set_log(Clip(msg.log(), kMaxWorkerText));
     }
-    if (auto st = store_->AppendEvent(hello.job_id(), e, clock_->UnixMs()); !st.ok()) return st;
-    hub_.Publish(hello.job_id());
+    if (auto st = store_->AppendEvent(hello.job_id(), e, clock_->UnixMs()); st.ok()) {
+      hub_.Publish(hello.job_id());
+    } else {
+      // The worker goes on (its metrics above still count); only this report is not kept.
+      metrics_->StoreWriteFailed("event");
+      if (!a->event_dropped) {
+        std::cerr << "ftd: CANNOT STORE the reports of job " << hello.job_id() << " (" << st
+                  << "); dropping them until the store takes writes again" << std::endl;
+      }
+      a->event_dropped = true;
+    }
   }
   return a->cancel || a->drain;
 }
@@ -939,10 +980,20 @@ bool JobManager::FinishLocked(Attempt& a, const WorkerEnd& end) {
   });
   if (!job.ok()) {
     // The truth stays here (the attempt keeps its slot) and Tick() writes it once the store takes it.
-    std::cerr << "ftd: CANNOT RECORD the outcome of job " << a.job_id << " (" << info.code << ": " << v.message
-              << "): " << job.status() << "; keeping it in memory and trying again" << std::endl;
+    metrics_->StoreWriteFailed("state");
+    if (a.unrecorded_tries++ % 60 == 0) {
+      std::cerr << "ftd: CANNOT RECORD the outcome of job " << a.job_id << " (" << info.code << ": " << v.message
+                << "): " << job.status() << "; keeping it in memory and trying again every second" << std::endl;
+    }
+    const bool first = !a.unrecorded.has_value();
     a.unrecorded = end;
+    if (first) metrics_->UnrecordedOutcomes(++unrecorded_);
     return false;
+  }
+  if (a.unrecorded.has_value()) {
+    std::cerr << "ftd: recorded the outcome of job " << a.job_id << " (" << info.code << ") after "
+              << a.unrecorded_tries << " failed write(s)" << std::endl;
+    metrics_->UnrecordedOutcomes(--unrecorded_);
   }
   if (retried) metrics_->Retry(info.code);
   std::lock_guard<std::mutex> view(view_mu_);

@@ -174,6 +174,8 @@ class JobManager {
     std::optional<ftd::v1::RunResult> result;
     StepTotals totals;            // what its reports added to the metrics so far
     std::optional<WorkerEnd> unrecorded;  // ended, but the outcome is not in the store yet
+    int unrecorded_tries = 0;     // failed writes of that outcome
+    bool event_dropped = false;   // a report of it could not be stored
   };
 
   // Submit; `prepare` runs under mu_ once the job is stored and before it can start (a resumed job's
@@ -220,6 +222,7 @@ class JobManager {
   bool draining_ = false;
   std::atomic<bool> paused_{false};
   int64_t next_retention_ms_ = 0;  // steady ms of the next retention run
+  int64_t unrecorded_ = 0;  // attempts whose outcome waits in memory (the ftd_unrecorded_outcomes gauge)
 
   std::mutex loop_mu_;
   std::condition_variable loop_cv_;

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "absl/strings/ascii.h"
+#include "server/testing/full_disk.h"
 #include "server/request_limits.h"
 
 namespace ftd::server {
@@ -408,6 +409,103 @@ TEST_F(JobManagerTest, ASilentWorkerIsKilledAndItsJobRetried) {
   const Job j = Get(id);
   EXPECT_EQ(j.reason(), "LOST_HEARTBEAT");  // not KILLED_BY_SIGNAL: the daemon sent that signal
   EXPECT_EQ(j.state(), ftd::v1::QUEUED);
+}
+
+// The store and the data directory on a 4 MiB tmpfs (`disk`), to fill.
+class FullDiskTest : public JobManagerTest {
+ protected:
+  void SetUp() override {
+    JobManagerTest::SetUp();
+    disk = fs::path(dir_) / "disk";
+    fs::create_directories(disk);
+    if (const std::string why = testing::MountSmallTmpfs(disk, "4m"); !why.empty()) GTEST_SKIP() << why;
+    unmount.dir = disk;
+    auto s = Store::Open((disk / "ftd.db").string());
+    ASSERT_TRUE(s.ok()) << s.status();
+    store_ = std::move(*s);
+    cfg_.data_dir = disk.string();
+  }
+  void TearDown() override {
+    manager_.reset();
+    store_.reset();
+    if (!unmount.dir.empty()) ::umount2(disk.c_str(), MNT_DETACH);
+    unmount.dir.clear();
+    JobManagerTest::TearDown();
+  }
+  fs::path disk;
+  testing::Unmount unmount;
+};
+
+// The store on a disk that fills while a job runs: the worker's reports are dropped but it goes on;
+// its outcome, which the store refuses, stays in memory (the attempt keeps its slot), is counted
+// and exported; a cancel answers and does not change a final outcome; SubmitJob is
+// RESOURCE_EXHAUSTED; once there is room the outcome is written and nothing is lost.
+TEST_F(FullDiskTest, AnOutcomeTheFullDiskRefusesIsKeptInMemoryAndWrittenOnceThereIsRoom) {
+  auto& m = Make();
+  const std::string id = Submit("fills-the-disk", 0, 3);
+  const LaunchRequest l = StartNext();
+  ASSERT_TRUE(Step(l, 1).ok());
+  const fs::path filler = testing::FillDisk(disk);
+
+  auto step = Step(l, 2);  // not stored, but the worker is not cut off for it
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_FALSE(*step);
+  EXPECT_GE(Counter("ftd_store_write_failures_total", {{"write", "event"}}), 1);
+  ASSERT_TRUE(Report(l, RunResult::FAILED, "write step-00000002.tmp: No space left on device").ok());
+  launcher_->Exit(l, Exited(1));
+  Job j = Get(id);
+  EXPECT_EQ(j.state(), ftd::v1::RUNNING);  // what the store still says
+  EXPECT_EQ(Counter("ftd_unrecorded_outcomes", {}), 1);
+  EXPECT_GE(Counter("ftd_store_write_failures_total", {{"write", "state"}}), 1);
+  m.Tick();  // tries again, fails again
+  EXPECT_EQ(Counter("ftd_unrecorded_outcomes", {}), 1);
+  EXPECT_EQ(launcher_->Launches(), 1u);  // the slot stays taken
+
+  auto c = m.Cancel(id);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_NE(c->message().find("WORKER_ERROR"), std::string::npos) << c->message();
+  EXPECT_NE(c->message().find("keeps it in memory"), std::string::npos) << c->message();
+  ftd::v1::SubmitJobRequest req;
+  req.set_name(std::string(200, 'n'));
+  req.mutable_spec()->mutable_model()->set_preset("tiny");
+  req.mutable_spec()->set_device("cpu");
+  absl::Status refused;
+  for (int i = 0; i < 50 && refused.ok(); ++i) refused = m.Submit(req).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_NE(refused.message().find("the disk is full"), std::string::npos) << refused;
+  EXPECT_GE(Counter("ftd_store_write_failures_total", {{"write", "submit"}}), 1);
+
+  fs::remove(filler);
+  m.Tick();
+  j = Get(id);
+  EXPECT_EQ(j.state(), ftd::v1::FAILED);  // the worker's own outcome: the cancel came after it
+  EXPECT_EQ(j.reason(), "WORKER_ERROR");
+  EXPECT_NE(j.message().find("No space left on device"), std::string::npos) << j.message();
+  EXPECT_EQ(Counter("ftd_unrecorded_outcomes", {}), 0);
+  ExpectEndedLog(EventLog(id), ftd::v1::FAILED);
+  EXPECT_EQ(launcher_->Launches(), 1u);
+  Submit("after");
+  m.Tick();
+  EXPECT_EQ(launcher_->Launches(), 2u);  // the slot is free again
+}
+
+// An attempt that would be retried, ended while its outcome cannot be written, and cancelled: the
+// cancel wins once it is written.
+TEST_F(FullDiskTest, ACancelStopsTheRetryOfAnOutcomeWaitingInMemory) {
+  auto& m = Make();
+  const std::string id = Submit("killed", 0, 3);
+  const LaunchRequest l = StartNext();
+  const fs::path filler = testing::FillDisk(disk);
+  launcher_->Exit(l, Signaled(SIGKILL));
+  EXPECT_EQ(Get(id).state(), ftd::v1::RUNNING);
+  auto c = m.Cancel(id);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_NE(c->message().find("it will not be retried"), std::string::npos) << c->message();
+  fs::remove(filler);
+  m.Tick();
+  const Job j = Get(id);
+  EXPECT_EQ(j.state(), ftd::v1::CANCELLED);
+  EXPECT_EQ(j.attempt(), 1);
 }
 
 // Nothing but the clock wakes the scheduler for a worker that goes silent right after its start:

@@ -58,6 +58,10 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
   gpu_memory_used_ = &BuildGauge().Name("ftd_worker_gpu_memory_used_bytes").Help("NVML memory used on the slot's GPU at the last step").Register(r);
   profile_seconds_ = &BuildGauge().Name("ftd_profile_device_seconds_per_step").Help("Device time per training step by op category, from the last PROFILE job of the kernel set").Register(r);
   profile_step_seconds_ = &BuildGauge().Name("ftd_profile_step_device_seconds").Help("Device time per training step, from the last PROFILE job of the kernel set").Register(r);
+  store_write_failures_ = &BuildCounter().Name("ftd_store_write_failures_total").Help("Writes the job store refused (full disk, I/O error), by what was written").Register(r);
+  unrecorded_ = &BuildGauge().Name("ftd_unrecorded_outcomes").Help("Ended attempts whose outcome ftd keeps in memory until the store takes it").Register(r);
+  for (const char* w : {"submit", "state", "event"}) store_write_failures_->Add({{"write", w}});
+  unrecorded_->Add({}).Set(0);
   // Every series of the closed label sets exists from the start at 0, so rate() and increase() see
   // a job's first failure (a series born at 1 has no increase to see).
   for (const char* kind : {"finetune", "profile"}) submissions_->Add({{"kind", kind}});
@@ -133,6 +137,12 @@ void Metrics::Step(const std::string& slot, const std::string& kernel_set, const
     gpu_memory_used_->Add({{"slot", slot}}).Set(static_cast<double>(r.gpu_memory_used_bytes()));
   }
 }
+
+void Metrics::StoreWriteFailed(std::string_view write) {
+  store_write_failures_->Add({{"write", std::string(write)}}).Increment();
+}
+
+void Metrics::UnrecordedOutcomes(int64_t n) { unrecorded_->Add({}).Set(static_cast<double>(n)); }
 
 void Metrics::SlotIdle(const std::string& slot) {
   for (const char* ks : {"eager", "fused", "mixed"}) {

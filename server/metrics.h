@@ -49,6 +49,11 @@ class Metrics {
   // A PROFILE job's result: device seconds per step by op category.
   void Profile(const std::string& kernel_set, const ftd::v1::ProfileReport& p);
   void SlotIdle(const std::string& slot);
+  // A write the store refused (full disk, I/O error): `write` is "submit", "state" (a job's state
+  // change, kept in memory and retried) or "event" (a step report or log line, dropped).
+  void StoreWriteFailed(std::string_view write);
+  // Ended attempts whose outcome ftd keeps in memory because the store refused it.
+  void UnrecordedOutcomes(int64_t n);
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
@@ -73,6 +78,8 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>* gpu_memory_used_;
   prometheus::Family<prometheus::Gauge>* profile_seconds_;
   prometheus::Family<prometheus::Gauge>* profile_step_seconds_;
+  prometheus::Family<prometheus::Counter>* store_write_failures_;
+  prometheus::Family<prometheus::Gauge>* unrecorded_;
 };
 
 const char* StateLabel(ftd::v1::JobState s);

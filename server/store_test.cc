@@ -23,6 +23,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "server/testing/full_disk.h"
 
 namespace ftd::server {
 namespace {
@@ -529,45 +530,14 @@ TEST(Store, CorruptFileIsRefused) {
   EXPECT_NE(s.status().message().find("corrupt"), absl::string_view::npos) << s.status();
 }
 
-// Fills `dir` with one file until the filesystem refuses more; returns its path.
-fs::path FillDisk(const fs::path& dir) {
-  const fs::path filler = dir / "filler";
-  const int fd = ::open(filler.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  EXPECT_GE(fd, 0) << std::strerror(errno);
-  const std::string block(64 * 1024, 'f');
-  for (;;) {
-    const ssize_t n = ::write(fd, block.data(), block.size());
-    if (n < static_cast<ssize_t>(block.size())) {
-      EXPECT_TRUE(n >= 0 || errno == ENOSPC) << std::strerror(errno);
-      // Use up the last partial block too.
-      while (::write(fd, block.data(), 1) == 1) {
-      }
-      break;
-    }
-  }
-  ::close(fd);
-  return filler;
-}
-
 // The database on a 4 MiB tmpfs (mounted in a mount namespace of this process's own, so nothing
 // outside sees it). Once the disk is full, writes are RESOURCE_EXHAUSTED naming the disk and the
 // data directory, nothing of them is left behind, and the same Store writes again once there is room.
 TEST(Store, AFullDiskIsResourceExhaustedAndTheStoreRecovers) {
   const fs::path dir = TempDir() / "data";
   fs::create_directories(dir);
-  if (::unshare(CLONE_NEWNS) != 0) {
-    GTEST_SKIP() << "cannot make a mount namespace to mount a small tmpfs (unshare: " << std::strerror(errno)
-                 << "); run as root, or with CAP_SYS_ADMIN, to test a full disk";
-  }
-  ASSERT_EQ(::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr), 0) << std::strerror(errno);
-  if (::mount("ftd-test-tmpfs", dir.c_str(), "tmpfs", 0, "size=4m") != 0) {
-    GTEST_SKIP() << "cannot mount a 4 MiB tmpfs on " << dir << " (" << std::strerror(errno)
-                 << "); run as root, or with CAP_SYS_ADMIN, to test a full disk";
-  }
-  struct Unmount {
-    fs::path d;
-    ~Unmount() { ::umount2(d.c_str(), MNT_DETACH); }
-  } unmount{dir};
+  if (const std::string why = testing::MountSmallTmpfs(dir, "4m"); !why.empty()) GTEST_SKIP() << why;
+  testing::Unmount unmount{dir};
 
   const fs::path db = dir / "ftd.db";
   auto opened = Store::Open(db.string());
@@ -575,7 +545,7 @@ TEST(Store, AFullDiskIsResourceExhaustedAndTheStoreRecovers) {
   Store& s = **opened;
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(s.Insert(NewJob(absl::StrCat("before-", i)), i, kNoLimit).ok());
 
-  const fs::path filler = FillDisk(dir);
+  const fs::path filler = testing::FillDisk(dir);
   // A record larger than any free space SQLite's files may still hold.
   ftd::v1::Job big = NewJob("big");
   big.set_name(std::string(512 * 1024, 'n'));
