@@ -3,7 +3,6 @@ attention, torch.optim.AdamW(fused=True)) trained on the same token windows as f
 Prints one JSON object with per-step metrics. Used by bench/train_bench.py."""
 import argparse
 import json
-import os
 import sys
 import time
 
@@ -19,6 +18,8 @@ def main():
     ap.add_argument("--seq", type=int, required=True)
     ap.add_argument("--steps", type=int, required=True)
     ap.add_argument("--lr", type=float, default=1e-5)
+    ap.add_argument("--phase-times", action="store_true",
+                    help="print each step's phase GPU times, as ftd-worker run --phase-times does")
     args = ap.parse_args()
 
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -59,7 +60,7 @@ def main():
             loss_v, _ = loss.item(), norm.item()
             torch.cuda.synchronize()
             dt = time.perf_counter() - t0
-            if os.environ.get("FTD_PHASE_TIMES"):
+            if args.phase_times:
                 print(f"hf phases step {s + 1}: forward+backward {ev[0].elapsed_time(ev[1]):.2f} ms, norm+clip "
                       f"{ev[1].elapsed_time(ev[2]):.2f} ms, optimizer {ev[2].elapsed_time(ev[3]):.2f} ms, "
                       f"wall {dt * 1e3:.2f} ms", file=sys.stderr, flush=True)

@@ -15,6 +15,7 @@
 #include "server/request_match.h"
 #include "server/scheduling_policy.h"
 #include "spec/input_files.h"
+#include "spec/message_check.h"
 #include "spec/spec.h"
 
 namespace ftd::server {
@@ -289,24 +290,14 @@ absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::SubmitWith(
                                                    "); leave it unset for ftd's default (",
                                                    cfg_.default_max_attempts, ")"));
   }
-  auto config = ftd::spec::ToTrainConfig(req.spec());
+  // The request as a whole (an unknown kind, stray fields), then the spec against this daemon.
+  if (auto st = ftd::spec::CheckMessage(req, ""); !st.ok()) return st;
+  ftd::spec::Environment env;
+  env.name = "this ftd";
+  env.gpus = cfg_.gpus > 0 ? 1 : 0;  // a job gets one GPU, which it sees as cuda:0
+  auto config = ftd::spec::Validate(req.spec(), env);
   if (!config.ok()) return config.status();
   if (auto st = ftd::spec::CheckInputFiles(*config); !st.ok()) return st;
-  if (cfg_.gpus == 0 && config->device.rfind("cuda", 0) == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("spec.device is \"", config->device,
-                                                   "\" but this ftd has no GPU (it runs jobs on its CPU slot): use "
-                                                   "\"auto\" or \"cpu\""));
-  }
-  if (cfg_.gpus == 0 && config->Kernels().any()) {
-    return absl::InvalidArgumentError(absl::StrCat("spec.kernel_set: the job uses fused CUDA kernels (",
-                                                   config->Kernels().ToString(),
-                                                   ") but this ftd has no GPU; use kernel_set \"eager\""));
-  }
-  if (cfg_.gpus > 0 && config->device.rfind("cuda:", 0) == 0 && config->device != "cuda:0") {
-    return absl::InvalidArgumentError(absl::StrCat("spec.device is \"", config->device,
-                                                   "\": ftd assigns each job one GPU, which the job sees as "
-                                                   "cuda:0; use \"auto\" or \"cuda\""));
-  }
   const bool gpu = cfg_.gpus > 0 && config->device != "cpu";
   if (auto model = ModelShape(*config, gpu); model.has_value()) {
     if (auto st = CheckMemoryFit(*model, *config, gpu, cfg_.memory); !st.ok()) return st;
@@ -773,8 +764,7 @@ absl::StatusOr<LaunchRequest> JobManager::StartLocked(const std::string& job_id,
   a.job_id = job_id;
   a.token = RandomToken();
   a.slot = slot;
-  auto config = ftd::spec::ToTrainConfig(job->spec());
-  a.kernel_set = config.ok() ? config->Kernels().Label() : "eager";
+  a.kernel_set = ftd::spec::KernelSetOf(job->spec());
   a.attempt = job->attempt();
   a.totals.step = job->last_step().step();
   a.totals.tokens = job->last_step().tokens_total();
@@ -827,24 +817,21 @@ StopMode JobManager::StopModeLocked(const Attempt& a) {
   return a.drain || a.checkpoint_on_stop ? StopMode::kCheckpoint : StopMode::kNoCheckpoint;
 }
 
-JobManager::Attempt* JobManager::FindLocked(const std::string& job_id, int attempt, const std::string& token) {
-  auto it = running_.find(job_id);
-  if (it == running_.end() || it->second.attempt != attempt || it->second.token != token ||
+absl::StatusOr<JobManager::Attempt*> JobManager::HeardFromLocked(const ftd::v1::WorkerHello& hello) {
+  auto it = running_.find(hello.job_id());
+  if (it == running_.end() || it->second.attempt != hello.attempt() || it->second.token != hello.token() ||
       it->second.unrecorded.has_value()) {
-    return nullptr;
+    return absl::PermissionDeniedError(absl::StrCat("attempt ", hello.attempt(), " of job ", hello.job_id(),
+                                                    " is not the one ftd is running"));
   }
+  it->second.last_seen_ms = clock_->SteadyMs();
   return &it->second;
 }
 
 absl::StatusOr<ftd::v1::Assignment> JobManager::Assign(const ftd::v1::WorkerHello& hello) {
   {
     std::lock_guard<std::mutex> l(mu_);
-    Attempt* a = FindLocked(hello.job_id(), hello.attempt(), hello.token());
-    if (a == nullptr) {
-      return absl::PermissionDeniedError(absl::StrCat("attempt ", hello.attempt(), " of job ", hello.job_id(),
-                                                      " is not the one ftd is running"));
-    }
-    a->last_seen_ms = clock_->SteadyMs();
+    if (auto a = HeardFromLocked(hello); !a.ok()) return a.status();
   }
   auto job = store_->Get(hello.job_id());
   if (!job.ok()) return job.status();
@@ -863,12 +850,9 @@ absl::StatusOr<ftd::v1::Assignment> JobManager::Assign(const ftd::v1::WorkerHell
 absl::StatusOr<bool> JobManager::OnWorkerMessage(const ftd::v1::WorkerMessage& msg) {
   const auto& hello = msg.hello();
   std::lock_guard<std::mutex> l(mu_);
-  Attempt* a = FindLocked(hello.job_id(), hello.attempt(), hello.token());
-  if (a == nullptr) {
-    return absl::PermissionDeniedError(absl::StrCat("attempt ", hello.attempt(), " of job ", hello.job_id(),
-                                                    " is not the one ftd is running"));
-  }
-  a->last_seen_ms = clock_->SteadyMs();
+  auto found = HeardFromLocked(hello);
+  if (!found.ok()) return found.status();
+  Attempt* a = *found;
   if (msg.has_started() || msg.has_step() || msg.has_progress()) {
     a->watched = true;
     a->last_progress_ms = a->last_seen_ms;

@@ -159,7 +159,8 @@ class JobManager {
  private:
   // A started attempt, from the moment its slot is taken until its outcome is recorded.
   struct Attempt {
-    std::string job_id, token, slot, kernel_set;
+    std::string job_id, token, slot;
+    ftd::spec::KernelSet kernel_set = ftd::spec::KernelSet::kEager;
     int attempt = 0;
     int64_t pid = 0;              // 0 while the launcher is starting it
     int64_t started_ms = 0;       // unix ms
@@ -194,7 +195,9 @@ class JobManager {
   // Records the attempt's outcome; on success removes it and frees its slot.
   bool FinishLocked(Attempt& a, const WorkerEnd& end);
   static StopMode StopModeLocked(const Attempt& a);
-  Attempt* FindLocked(const std::string& job_id, int attempt, const std::string& token);
+  // The attempt a worker's hello names, marked as heard from now; PERMISSION_DENIED if it is not
+  // the one running (an old attempt, a wrong token, or one whose end is being recorded).
+  absl::StatusOr<Attempt*> HeardFromLocked(const ftd::v1::WorkerHello& hello);
   void AnnotateLocked(ftd::v1::Job* job) const;
   std::vector<std::string> FreeSlotsLocked() const;
   void PublishGaugesLocked();

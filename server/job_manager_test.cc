@@ -5,6 +5,8 @@
 #include "server/job_manager.h"
 
 #include <gtest/gtest.h>
+
+#include <limits>
 #include <signal.h>
 #include <stdlib.h>
 
@@ -1091,7 +1093,8 @@ TEST_F(JobManagerTest, AJobThatCannotFitTheMachineIsRefusedAtSubmit) {
   ftd::v1::SubmitJobRequest req;
   req.mutable_spec()->mutable_model()->set_preset("tiny");
   req.mutable_spec()->set_device("cpu");
-  for (auto [batch, seq] : {std::pair{20000, 2048}, std::pair{1'000'000'000, 128}}) {
+  // (1e9 is beyond batch_size's static bound, which refuses it first: SubmitRefusesWhatTheParserLetsThrough...)
+  for (auto [batch, seq] : {std::pair{20000, 2048}, std::pair{65'536, 4096}}) {
     req.mutable_spec()->set_batch_size(batch);
     req.mutable_spec()->set_seq_len(seq);
     auto r = m.Submit(req);
@@ -1118,6 +1121,46 @@ TEST_F(JobManagerTest, StateGaugeFollowsTransitions) {
   EXPECT_EQ(Counter("ftd_jobs", {{"state", "succeeded"}}), 1);
   (void)m;
   (void)a;
+}
+
+// SubmitJob is where a spec crosses into the daemon: what protobuf's parser lets through (an
+// unknown enum value, fields this build lacks, NaN and infinities) and out-of-bounds numbers are
+// refused there, naming the field, and nothing is stored.
+TEST_F(JobManagerTest, SubmitRefusesWhatTheParserLetsThroughNamingTheField) {
+  Make();
+  auto valid = [] {
+    ftd::v1::SubmitJobRequest req;
+    req.mutable_spec()->mutable_model()->set_preset("tiny");
+    req.mutable_spec()->set_device("cpu");
+    return req;
+  };
+  auto refused = [&](const ftd::v1::SubmitJobRequest& req) {
+    auto r = manager_->Submit(req);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    return std::string(r.status().message());
+  };
+  auto kind = valid();
+  kind.set_kind(static_cast<ftd::v1::JobKind>(99));
+  EXPECT_EQ(refused(kind), "kind is 99, not a JobKind value: use one of FINETUNE, PROFILE");
+  auto eps = valid();
+  eps.mutable_spec()->mutable_optimizer()->set_eps(std::numeric_limits<double>::infinity());
+  EXPECT_EQ(refused(eps), "spec.optimizer.eps must be a finite number (got inf)");
+  auto flops = valid();
+  flops.mutable_spec()->set_peak_flops(std::numeric_limits<double>::infinity());
+  EXPECT_EQ(refused(flops), "spec.peak_flops must be a finite number (got inf)");
+  auto unknown = valid();
+  std::string bytes;
+  ASSERT_TRUE(unknown.spec().SerializeToString(&bytes));
+  for (char c : {'\xf8', '\x07', '\x01'}) bytes.push_back(c);  // field 127, varint 1
+  ASSERT_TRUE(unknown.mutable_spec()->ParseFromString(bytes));
+  EXPECT_NE(refused(unknown).find("spec holds field number 127 (varint), which this build of ftd does not know"),
+            std::string::npos);
+  auto batch = valid();
+  batch.mutable_spec()->set_batch_size(1'000'000'000);
+  EXPECT_EQ(refused(batch), "spec.batch_size must be <= 65536 (got 1000000000)");
+  auto list = manager_->List(ftd::v1::ListJobsRequest());
+  ASSERT_TRUE(list.ok());
+  EXPECT_EQ(list->jobs_size(), 0);
 }
 
 }  // namespace

@@ -109,16 +109,17 @@ void Metrics::JobFinished(ftd::v1::JobState state, std::string_view outcome, dou
 
 void Metrics::Retry(std::string_view reason) { retries_->Add({{"reason", Lower(reason)}}).Increment(); }
 
-void Metrics::Profile(const std::string& kernel_set, const ftd::v1::ProfileReport& p) {
+void Metrics::Profile(ftd::spec::KernelSet kernel_set, const ftd::v1::ProfileReport& p) {
+  const std::string ks = ftd::spec::KernelSetName(kernel_set);
   for (const auto& c : p.categories()) {
-    profile_seconds_->Add({{"category", c.category()}, {"kernel_set", kernel_set}}).Set(c.device_ms() / 1e3);
+    profile_seconds_->Add({{"category", c.category()}, {"kernel_set", ks}}).Set(c.device_ms() / 1e3);
   }
-  profile_step_seconds_->Add({{"kernel_set", kernel_set}}).Set(p.step_device_ms() / 1e3);
+  profile_step_seconds_->Add({{"kernel_set", ks}}).Set(p.step_device_ms() / 1e3);
 }
 
-void Metrics::Step(const std::string& slot, const std::string& kernel_set, const ftd::v1::StepReport& r,
+void Metrics::Step(const std::string& slot, ftd::spec::KernelSet kernel_set, const ftd::v1::StepReport& r,
                    const StepTotals::Delta& delta) {
-  const std::map<std::string, std::string> l = {{"slot", slot}, {"kernel_set", kernel_set}};
+  const std::map<std::string, std::string> l = {{"slot", slot}, {"kernel_set", ftd::spec::KernelSetName(kernel_set)}};
   tokens_per_s_->Add(l).Set(r.tokens_per_s());
   step_time_->Add(l).Set(r.step_time_s());
   loss_->Add(l).Set(r.loss());
@@ -145,7 +146,7 @@ void Metrics::StoreWriteFailed(std::string_view write) {
 void Metrics::UnrecordedOutcomes(int64_t n) { unrecorded_->Add({}).Set(static_cast<double>(n)); }
 
 void Metrics::SlotIdle(const std::string& slot) {
-  for (const char* ks : {"eager", "fused", "mixed"}) {
+  for (const char* ks : ftd::spec::kKernelSetNames) {
     const std::map<std::string, std::string> l = {{"slot", slot}, {"kernel_set", ks}};
     tokens_per_s_->Add(l).Set(0);
   }

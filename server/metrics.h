@@ -15,6 +15,7 @@
 #include <string_view>
 
 #include "ftd/v1/jobs.pb.h"
+#include "spec/train_config.h"
 
 namespace ftd::server {
 
@@ -44,10 +45,10 @@ class Metrics {
   void JobFinished(ftd::v1::JobState state, std::string_view outcome, double run_seconds);
   void Retry(std::string_view reason);
   // A step report; `delta` is what it adds to the counters (StepTotals::Advance).
-  void Step(const std::string& slot, const std::string& kernel_set, const ftd::v1::StepReport& r,
+  void Step(const std::string& slot, ftd::spec::KernelSet kernel_set, const ftd::v1::StepReport& r,
             const StepTotals::Delta& delta);
   // A PROFILE job's result: device seconds per step by op category.
-  void Profile(const std::string& kernel_set, const ftd::v1::ProfileReport& p);
+  void Profile(ftd::spec::KernelSet kernel_set, const ftd::v1::ProfileReport& p);
   void SlotIdle(const std::string& slot);
   // A write the store refused (full disk, I/O error): `write` is "submit", "state" (a job's state
   // change, kept in memory and retried) or "event" (a step report or log line, dropped).

@@ -13,7 +13,7 @@ TrainConfig Job(int batch, int seq, const std::string& kernel_set) {
   TrainConfig c;
   c.batch_size = batch;
   c.seq_len = seq;
-  c.kernel_set = kernel_set;
+  c.kernel_set = *ParseKernelSet(kernel_set);
   c.dtype = "bf16";
   return c;
 }
@@ -50,7 +50,7 @@ TEST(PeakMemory, LoraHoldsTheFrozenBaseAndLittleElse) {
   const auto pb = PredictPeakMemory(m, big, true);
   EXPECT_NEAR(pb.activations / p.activations, 16.0, 0.5);
   auto eager_lora = big;
-  eager_lora.kernels["lora"] = "eager";
+  eager_lora.kernels["lora"] = KernelSet::kEager;
   EXPECT_GT(PredictPeakMemory(m, eager_lora, true).activations, pb.activations * 1.3);
   // Fewer targets, fewer saved inputs.
   auto qv = big;

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "spec/message_check.h"
 
 namespace ftd::spec {
 
@@ -135,8 +136,25 @@ absl::StatusOr<TrainConfig> ToTrainConfig(const ftd::v1::TrainSpec& s) {
   if (s.has_fp32_master_weights()) c.fp32_master_weights = s.fp32_master_weights();
   if (s.has_seed()) c.seed = s.seed();
   if (s.has_log_every()) c.log_every = s.log_every();
-  if (s.has_kernel_set()) c.kernel_set = s.kernel_set();
-  for (const auto& [op, impl] : s.kernels()) c.kernels[op] = impl;
+  if (s.has_kernel_set()) {
+    const auto k = ParseKernelSet(s.kernel_set());
+    if (!k) {
+      return absl::InvalidArgumentError(absl::StrCat("spec.kernel_set must be \"eager\" (LibTorch ops) or \"fused\" "
+                                                     "(ftd's CUDA kernels) (got ", s.kernel_set(), ")"));
+    }
+    c.kernel_set = *k;
+  }
+  for (const auto& [op, impl] : s.kernels()) {
+    const auto k = ParseKernelSet(impl);
+    if (!k) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.kernels.", op, " must be \"eager\" or \"fused\" (got ", impl, ")"));
+    }
+    c.kernels[op] = *k;
+  }
+  if (s.kernel_tuning().has_linear_cross_entropy_chunk_rows()) {
+    c.kernel_tuning.linear_cross_entropy_chunk_rows = s.kernel_tuning().linear_cross_entropy_chunk_rows();
+  }
   if (s.profile().has_warmup_steps()) c.profile.warmup_steps = s.profile().warmup_steps();
   if (s.profile().has_steps()) c.profile.steps = s.profile().steps();
   if (s.has_peak_flops()) c.peak_flops = s.peak_flops();
@@ -155,6 +173,21 @@ absl::StatusOr<TrainConfig> ToTrainConfig(const ftd::v1::TrainSpec& s) {
   }
   if (auto st = c.Validate(); !st.ok()) return st;
   return c;
+}
+
+absl::StatusOr<TrainConfig> Validate(const ftd::v1::TrainSpec& spec, const Environment& env) {
+  if (auto st = CheckMessage(spec, "spec"); !st.ok()) return st;
+  auto c = ToTrainConfig(spec);
+  if (!c.ok()) return c.status();
+  if (auto st = CheckEnvironment(*c, env); !st.ok()) return st;
+  return c;
+}
+
+KernelSet KernelSetOf(const ftd::v1::TrainSpec& s) {
+  TrainConfig c;
+  c.kernel_set = ParseKernelSet(s.kernel_set()).value_or(KernelSet::kEager);
+  for (const auto& [op, impl] : s.kernels()) c.kernels[op] = ParseKernelSet(impl).value_or(KernelSet::kEager);
+  return c.Kernels().Label();
 }
 
 ftd::v1::TrainSpec DefaultTrainSpec(bool gpu) {

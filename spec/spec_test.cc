@@ -50,6 +50,32 @@ TEST(Spec, ExplicitlySetInvalidValuesAreRejected) {
   EXPECT_EQ(c.status().message(), "spec.seq_len must be >= 1 (got 0)");
 }
 
+TEST(Spec, KernelTuningReachesTheConfigAndIsBounded) {
+  auto c = ToTrainConfig(*ParseTrainSpecJson(R"({"kernel_tuning": {"linear_cross_entropy_chunk_rows": 512}})"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->kernel_tuning.LinearCrossEntropyChunkRows(), 512);
+  EXPECT_EQ(TrainConfig().kernel_tuning.LinearCrossEntropyChunkRows(), kDefaultLinearCrossEntropyChunkRows);
+  auto big = ToTrainConfig(*ParseTrainSpecJson(R"({"kernel_tuning": {"linear_cross_entropy_chunk_rows": 100000}})"));
+  EXPECT_EQ(big.status().message(),
+            "spec.kernel_tuning.linear_cross_entropy_chunk_rows must be <= 65536 (0 or unset: 2048) (got 100000)");
+}
+
+TEST(Spec, ValidateChecksTheWireTheFieldsAndTheEnvironmentInOnePlace) {
+  const Environment cpu_ftd{"this ftd", 0, true};
+  auto eps = ParseTrainSpecJson(R"({"optimizer": {"eps": "Infinity"}})");
+  ASSERT_TRUE(eps.ok()) << eps.status();  // the JSON mapping takes it: Validate must not
+  EXPECT_EQ(Validate(*eps, cpu_ftd).status().message(), "spec.optimizer.eps must be a finite number (got inf)");
+  auto fused = ParseTrainSpecJson(R"({"kernel_set": "fused"})");
+  EXPECT_TRUE(ToTrainConfig(*fused).ok());
+  EXPECT_NE(Validate(*fused, cpu_ftd).status().message().find("need a GPU, but this ftd has no GPU"), std::string::npos);
+  EXPECT_TRUE(Validate(*fused, Environment{"this machine", 1, true}).ok());
+  auto mixed = ParseTrainSpecJson(R"({"kernel_set": "mixed"})");
+  EXPECT_NE(ToTrainConfig(*mixed).status().message().find("spec.kernel_set must be \"eager\""), std::string::npos);
+  EXPECT_EQ(KernelSetOf(*ParseTrainSpecJson(R"({"kernel_set": "fused", "kernels": {"adamw": "eager"}})")),
+            KernelSet::kMixed);
+  EXPECT_EQ(KernelSetOf(ftd::v1::TrainSpec()), KernelSet::kEager);
+}
+
 TEST(Spec, DefaultSpecsAreValidAndRoundTrip) {
   for (bool gpu : {false, true}) {
     auto spec = DefaultTrainSpec(gpu);

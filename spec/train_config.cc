@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 
 namespace ftd::spec {
 namespace {
@@ -16,7 +17,28 @@ absl::Status Invalid(absl::string_view field, absl::string_view rule, absl::stri
   return absl::InvalidArgumentError(absl::StrCat("spec.", field, " ", rule, " (got ", got, ")"));
 }
 
+// An integer field in [lo, hi]: "must be >= lo" below, "must be <= hi" above, with the note.
+absl::Status IntInRange(absl::string_view field, int64_t v, int64_t lo, int64_t hi, absl::string_view note = "") {
+  if (v >= lo && v <= hi) return absl::OkStatus();
+  return Invalid(field, absl::StrCat(v < lo ? absl::StrCat("must be >= ", lo) : absl::StrCat("must be <= ", hi), note),
+                 absl::StrCat(v));
+}
+
+// A floating-point field in [lo, hi] (or (lo, hi] when lo_open); NaN and infinities are outside.
+absl::Status RealInRange(absl::string_view field, double v, double lo, double hi, bool lo_open = false,
+                         absl::string_view note = "") {
+  if ((lo_open ? v > lo : v >= lo) && v <= hi) return absl::OkStatus();
+  return Invalid(field, absl::StrCat("must be a finite number in ", lo_open ? "(" : "[", lo, ", ", hi, "]", note),
+                 absl::StrCat(v));
+}
+
 }  // namespace
+
+std::optional<KernelSet> ParseKernelSet(std::string_view name) {
+  if (name == KernelSetName(KernelSet::kEager)) return KernelSet::kEager;
+  if (name == KernelSetName(KernelSet::kFused)) return KernelSet::kFused;
+  return std::nullopt;
+}
 
 absl::Status TrainConfig::Validate() const {
   const int sources = !model.preset.empty() + !model.config_path.empty();
@@ -30,6 +52,7 @@ absl::Status TrainConfig::Validate() const {
   if (data.token_dtype != "uint16" && data.token_dtype != "uint32") {
     return Invalid("data.token_dtype", "must be \"uint16\" or \"uint32\"", data.token_dtype);
   }
+  absl::Status s;
   if (data.format != "tokens" && data.format != "text" && data.format != "prompt_completion" &&
       data.format != "chat") {
     return Invalid("data.format", "must be one of: tokens, text, prompt_completion, chat", data.format);
@@ -62,8 +85,8 @@ absl::Status TrainConfig::Validate() const {
     return Invalid("data", "takes eval_path or eval_fraction, not both",
                    absl::StrCat("eval_path=", data.eval_path, ", eval_fraction=", data.eval_fraction));
   }
-  if (data.eval_every_steps < 0) {
-    return Invalid("data.eval_every_steps", "must be >= 0", absl::StrCat(data.eval_every_steps));
+  if (!(s = IntInRange("data.eval_every_steps", data.eval_every_steps, 0, kMaxSteps, " (0: only at the end)")).ok()) {
+    return s;
   }
   if (data.eval_every_steps > 0 && !data.has_eval()) {
     return Invalid("data.eval_every_steps", "needs held-out data: set data.eval_path or data.eval_fraction",
@@ -78,42 +101,32 @@ absl::Status TrainConfig::Validate() const {
   if (!(optimizer.beta2 >= 0 && optimizer.beta2 < 1)) {
     return Invalid("optimizer.beta2", "must be in [0, 1)", absl::StrCat(optimizer.beta2));
   }
-  if (!(optimizer.eps > 0)) {
-    return Invalid("optimizer.eps", "must be > 0", absl::StrCat(optimizer.eps));
-  }
-  if (!(optimizer.weight_decay >= 0 && std::isfinite(optimizer.weight_decay))) {
-    return Invalid("optimizer.weight_decay", "must be >= 0", absl::StrCat(optimizer.weight_decay));
-  }
-  if (!(optimizer.grad_clip >= 0 && std::isfinite(optimizer.grad_clip))) {
-    return Invalid("optimizer.grad_clip", "must be >= 0 (0 disables clipping)",
-                   absl::StrCat(optimizer.grad_clip));
+  if (!(s = RealInRange("optimizer.eps", optimizer.eps, 0, kMaxEps, /*lo_open=*/true)).ok()) return s;
+  if (!(s = RealInRange("optimizer.weight_decay", optimizer.weight_decay, 0, kMaxWeightDecay)).ok()) return s;
+  if (!(s = RealInRange("optimizer.grad_clip", optimizer.grad_clip, 0, kMaxGradClip, false, " (0 disables clipping)"))
+           .ok()) {
+    return s;
   }
   if (schedule.kind != "constant" && schedule.kind != "cosine") {
     return Invalid("schedule.kind", "must be \"constant\" or \"cosine\"", schedule.kind);
   }
-  if (schedule.warmup_steps < 0) {
-    return Invalid("schedule.warmup_steps", "must be >= 0", absl::StrCat(schedule.warmup_steps));
-  }
+  if (!(s = IntInRange("schedule.warmup_steps", schedule.warmup_steps, 0, kMaxSteps)).ok()) return s;
   if (!(schedule.min_lr_ratio >= 0 && schedule.min_lr_ratio <= 1)) {
     return Invalid("schedule.min_lr_ratio", "must be in [0, 1]", absl::StrCat(schedule.min_lr_ratio));
   }
-  if (checkpoint.every_steps < 0) {
-    return Invalid("checkpoint.every_steps", "must be >= 0 (0: only at the end)",
-                   absl::StrCat(checkpoint.every_steps));
+  if (!(s = IntInRange("checkpoint.every_steps", checkpoint.every_steps, 0, kMaxSteps, " (0: only at the end)")).ok()) {
+    return s;
   }
-  if (checkpoint.keep_last < 0) {
-    return Invalid("checkpoint.keep_last", "must be >= 0 (0: keep all)",
-                   absl::StrCat(checkpoint.keep_last));
+  if (!(s = IntInRange("checkpoint.keep_last", checkpoint.keep_last, 0, kMaxKeepLast, " (0: keep all)")).ok()) {
+    return s;
   }
-  if (steps < 1) return Invalid("steps", "must be >= 1", absl::StrCat(steps));
-  if (batch_size < 1) return Invalid("batch_size", "must be >= 1", absl::StrCat(batch_size));
-  if (seq_len < 1) return Invalid("seq_len", "must be >= 1", absl::StrCat(seq_len));
-  if (grad_accum_steps < 1) {
-    return Invalid("grad_accum_steps", "must be >= 1", absl::StrCat(grad_accum_steps));
-  }
-  if (log_every < 1) return Invalid("log_every", "must be >= 1", absl::StrCat(log_every));
+  if (!(s = IntInRange("steps", steps, 1, kMaxSteps)).ok()) return s;
+  if (!(s = IntInRange("batch_size", batch_size, 1, kMaxBatchSize)).ok()) return s;
+  if (!(s = IntInRange("seq_len", seq_len, 1, kMaxSeqLen)).ok()) return s;
+  if (!(s = IntInRange("grad_accum_steps", grad_accum_steps, 1, kMaxGradAccumSteps)).ok()) return s;
+  if (!(s = IntInRange("log_every", log_every, 1, kMaxSteps)).ok()) return s;
   const bool device_ok = device == "auto" || device == "cpu" || device == "cuda" ||
-                         (absl::StartsWith(device, "cuda:") && device.size() > 5 &&
+                         (absl::StartsWith(device, "cuda:") && device.size() > 5 && device.size() <= 9 &&
                           device.find_first_not_of("0123456789", 5) == std::string::npos);
   if (!device_ok) {
     return Invalid("device", "must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\"", device);
@@ -125,22 +138,21 @@ absl::Status TrainConfig::Validate() const {
     return Invalid("fp32_master_weights", "needs dtype bf16 (fp32 weights are their own master)",
                    "dtype=fp32");
   }
-  if (kernel_set != "eager" && kernel_set != "fused") {
-    return Invalid("kernel_set", "must be \"eager\" (LibTorch ops) or \"fused\" (ftd's CUDA kernels)", kernel_set);
+  if (kernel_set == KernelSet::kMixed) {
+    return Invalid("kernel_set", "must be \"eager\" or \"fused\" (a mixed run is one kernel set with per-op "
+                   "overrides in spec.kernels)", "mixed");
   }
   for (const auto& [op, impl] : kernels) {
     if (std::none_of(kKernelOpNames.begin(), kKernelOpNames.end(), [&](const char* n) { return op == n; })) {
       return Invalid(absl::StrCat("kernels.", op), absl::StrCat("is not an op; the ops are: ", absl::StrJoin(kKernelOpNames, ", ")),
                      op);
     }
-    if (impl != "eager" && impl != "fused") {
-      return Invalid(absl::StrCat("kernels.", op), "must be \"eager\" or \"fused\"", impl);
-    }
+    if (impl == KernelSet::kMixed) return Invalid(absl::StrCat("kernels.", op), "must be \"eager\" or \"fused\"", "mixed");
   }
-  if (Kernels().any() && device == "cpu") {
-    return Invalid("kernel_set", absl::StrCat("uses fused CUDA kernels (", Kernels().ToString(),
-                                              "), which need a GPU, but spec.device is \"cpu\": use kernel_set \"eager\" on a CPU"),
-                   kernel_set);
+  if (!(s = IntInRange("kernel_tuning.linear_cross_entropy_chunk_rows", kernel_tuning.linear_cross_entropy_chunk_rows,
+                       0, kMaxLinearCrossEntropyChunkRows, " (0 or unset: 2048)"))
+           .ok()) {
+    return s;
   }
   if (profile.warmup_steps < 0 || profile.warmup_steps > 1000) {
     return Invalid("profile.warmup_steps", "must be in [0, 1000]", absl::StrCat(profile.warmup_steps));
@@ -149,13 +161,49 @@ absl::Status TrainConfig::Validate() const {
     return Invalid("profile.steps", "must be in [1, 100] (profiled steps; a trace grows with each)",
                    absl::StrCat(profile.steps));
   }
-  if (peak_flops.has_value() && !(*peak_flops > 0)) {
-    return Invalid("peak_flops", "must be > 0 FLOP/s (or unset)", absl::StrCat(*peak_flops));
+  if (peak_flops.has_value() &&
+      !(s = RealInRange("peak_flops", *peak_flops, 0, kMaxPeakFlops, /*lo_open=*/true, " FLOP/s (or unset)")).ok()) {
+    return s;
   }
-  if (auto s = lora.Validate(); !s.ok()) return s;
+  if (auto st = lora.Validate(); !st.ok()) return st;
   if (lora.enabled && fp32_master_weights) {
     return Invalid("fp32_master_weights",
                    "does not apply to LoRA (the base is frozen; spec.lora.dtype sets the adapters' dtype)", "true");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckEnvironment(const TrainConfig& c, const Environment& env) {
+  const bool names_cuda = absl::StartsWith(c.device, "cuda");
+  if (names_cuda && env.gpus == 0) {
+    return Invalid("device", absl::StrCat("names a GPU but ", env.name, " has no GPU: use \"auto\" or \"cpu\""),
+                   c.device);
+  }
+  if (absl::StartsWith(c.device, "cuda:")) {
+    int index = 0;
+    if (!absl::SimpleAtoi(c.device.substr(5), &index) || index >= env.gpus) {
+      return Invalid("device", absl::StrCat("names a GPU a job on ", env.name, " does not see (it sees ", env.gpus,
+                                            env.gpus == 1 ? " GPU, as cuda:0" : " GPUs, cuda:0 to cuda:" ,
+                                            env.gpus == 1 ? "" : absl::StrCat(env.gpus - 1),
+                                            "): use \"auto\" or \"cuda\""),
+                     c.device);
+    }
+  }
+  const KernelChoice k = c.Kernels();
+  if (!k.any()) return absl::OkStatus();
+  const bool on_gpu = names_cuda || (c.device == "auto" && env.gpus > 0);
+  if (!on_gpu) {
+    return Invalid("kernel_set",
+                   absl::StrCat("uses ftd's fused CUDA kernels (", k.ToString(), "), which need a GPU, but ",
+                                c.device == "cpu" ? "spec.device is \"cpu\"" : absl::StrCat(env.name, " has no GPU"),
+                                ": use \"eager\" in kernel_set and spec.kernels"),
+                   KernelSetName(c.kernel_set));
+  }
+  if (!env.fused_kernels) {
+    return Invalid("kernel_set",
+                   absl::StrCat("uses ftd's fused CUDA kernels (", k.ToString(), "), but this ftd-worker was built "
+                                "without them (no nvcc at build time): use kernel_set \"eager\" or rebuild with CUDA"),
+                   KernelSetName(c.kernel_set));
   }
   return absl::OkStatus();
 }
@@ -175,18 +223,18 @@ std::string KernelChoice::ToString() const {
   return absl::StrCat("fused (eager: ", absl::StrJoin(eager, ", "), ")");
 }
 
-const char* KernelChoice::Label() const {
+KernelSet KernelChoice::Label() const {
   const bool all = std::all_of(fused.begin(), fused.end(), [](bool b) { return b; });
   const bool none = std::none_of(fused.begin(), fused.end(), [](bool b) { return b; });
-  return all ? "fused" : none ? "eager" : "mixed";
+  return all ? KernelSet::kFused : none ? KernelSet::kEager : KernelSet::kMixed;
 }
 
 KernelChoice TrainConfig::Kernels() const {
   KernelChoice c;
   for (size_t i = 0; i < kKernelOpNames.size(); ++i) {
-    c.fused[i] = kernel_set == "fused";
+    c.fused[i] = kernel_set == KernelSet::kFused;
     auto it = kernels.find(std::string(kKernelOpNames[i]));
-    if (it != kernels.end()) c.fused[i] = it->second == "fused";
+    if (it != kernels.end()) c.fused[i] = it->second == KernelSet::kFused;
   }
   return c;
 }

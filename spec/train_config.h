@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "spec/lora_config.h"
@@ -82,13 +83,54 @@ enum class KernelOp { kRmsNorm, kRope, kSwiGlu, kCrossEntropy, kLinearCrossEntro
 inline constexpr std::array<const char*, 7> kKernelOpNames = {
     "rmsnorm", "rope", "swiglu", "cross_entropy", "linear_cross_entropy", "adamw", "lora"};
 
+// The kernel sets. A spec's kernel_set (and each per-op override) is eager or fused; a run whose
+// overrides split its ops between the two is mixed. The metrics' kernel_set label and a profile's
+// kernel_set are these names, so the spec, the worker and the daemon speak one vocabulary.
+enum class KernelSet { kEager, kFused, kMixed };
+inline constexpr std::array<const char*, 3> kKernelSetNames = {"eager", "fused", "mixed"};
+inline const char* KernelSetName(KernelSet k) { return kKernelSetNames[static_cast<size_t>(k)]; }
+// "eager" or "fused" (what a spec may say); mixed and anything else: nullopt.
+std::optional<KernelSet> ParseKernelSet(std::string_view name);
+
 // Which ops run our fused CUDA kernels (true) and which LibTorch's composite ops (false).
 struct KernelChoice {
   std::array<bool, kKernelOpNames.size()> fused{};
   bool operator[](KernelOp op) const { return fused[static_cast<size_t>(op)]; }
   bool any() const;  // any op on ftd's CUDA kernels (which need a GPU; `lora` runs anywhere)
   std::string ToString() const;  // "eager", "fused", or "fused (eager: linear_cross_entropy)"
-  const char* Label() const;     // a closed set for metrics: "eager", "fused" or "mixed"
+  KernelSet Label() const;       // eager, fused or mixed
+};
+
+// Tuning of ftd's fused kernels (spec.kernel_tuning); 0 takes the kernel's default.
+inline constexpr int32_t kDefaultLinearCrossEntropyChunkRows = 2048;
+inline constexpr int32_t kMaxLinearCrossEntropyChunkRows = 65'536;
+struct KernelTuning {
+  int32_t linear_cross_entropy_chunk_rows = 0;  // rows per logits chunk; 0: kDefaultLinearCrossEntropyChunkRows
+  int32_t LinearCrossEntropyChunkRows() const {
+    return linear_cross_entropy_chunk_rows > 0 ? linear_cross_entropy_chunk_rows : kDefaultLinearCrossEntropyChunkRows;
+  }
+};
+
+// Coarse static upper bounds on the numeric fields (docs/job-spec.md, "Limits"): far above any real
+// job, low enough that no value overflows the arithmetic done with it or asks for absurd memory
+// before the memory check sees it (ftd refuses a job whose memory would not fit at submit). Seeds take any value; optimizer.lr any finite value > 0 (a huge
+// one is how a test provokes a non-finite run).
+inline constexpr int64_t kMaxSteps = 1'000'000'000;       // steps, warmup_steps, every_steps, log_every
+inline constexpr int32_t kMaxBatchSize = 65'536;          // sequences per micro-batch
+inline constexpr int32_t kMaxSeqLen = 1'048'576;          // tokens per sequence
+inline constexpr int32_t kMaxGradAccumSteps = 65'536;
+inline constexpr int32_t kMaxKeepLast = 1'000'000;
+inline constexpr double kMaxEps = 1;
+inline constexpr double kMaxWeightDecay = 100;
+inline constexpr double kMaxGradClip = 1e12;
+inline constexpr double kMaxPeakFlops = 1e18;  // FLOP/s
+
+// Where a job will run, for the checks that depend on it (CheckEnvironment): ftd describes itself at
+// submit, ftd-worker its machine at start.
+struct Environment {
+  std::string name = "this machine";  // in messages: "this machine", "this ftd"
+  int gpus = 0;                       // CUDA devices a job sees, as cuda:0 .. cuda:gpus-1
+  bool fused_kernels = true;          // ftd-worker was built with ftd's CUDA kernels (nvcc)
 };
 
 struct TrainConfig {
@@ -106,17 +148,23 @@ struct TrainConfig {
   bool fp32_master_weights = false;
   uint64_t seed = 0;             // init seed
   int32_t log_every = 1;         // steps
-  std::string kernel_set = "eager";  // "eager" | "fused": the default for every op
-  std::map<std::string, std::string> kernels;  // per-op overrides: op name -> "eager" | "fused"
+  KernelSet kernel_set = KernelSet::kEager;  // eager | fused: the default for every op
+  std::map<std::string, KernelSet> kernels;  // per-op overrides: op name -> eager | fused
+  KernelTuning kernel_tuning;
   std::optional<double> peak_flops;  // FLOP/s; unset: looked up from the device name
   ProfileConfig profile;
   LoraConfig lora;  // enabled: LoRA fine-tuning of a frozen base (spec/lora_config.h)
 
-  // Checks every field; the message names the field (as in the JSON spec) and the fix.
+  // Checks every field on its own terms (ranges, names, combinations); the message names the field
+  // (as in the JSON spec) and the fix. What depends on the machine is CheckEnvironment's.
   absl::Status Validate() const;
   // kernel_set with the per-op overrides applied (call after Validate).
   KernelChoice Kernels() const;
 };
+
+// What a valid config asks of the place it runs: a GPU for the device it names and for ftd's fused
+// kernels, and kernels built into the worker. The one place "fused needs a GPU" is decided.
+absl::Status CheckEnvironment(const TrainConfig& c, const Environment& env);
 
 // The learning rate at 0-based optimizer step `step` (docs/job-spec.md, "schedule").
 double LearningRate(const OptimizerConfig& opt, const ScheduleConfig& sched, int64_t step,

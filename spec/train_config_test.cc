@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+
 namespace ftd::spec {
 namespace {
 
@@ -31,38 +33,121 @@ TEST(TrainConfig, KernelSetsAndPerOpOverrides) {
   TrainConfig c;
   EXPECT_EQ(c.Kernels().ToString(), "eager");
   EXPECT_FALSE(c.Kernels().any());
-  c.kernel_set = "fused";
+  c.kernel_set = KernelSet::kFused;
   EXPECT_TRUE(c.Validate().ok());
   EXPECT_EQ(c.Kernels().ToString(), "fused");
-  EXPECT_STREQ(c.Kernels().Label(), "fused");
-  c.kernels["linear_cross_entropy"] = "eager";
+  EXPECT_EQ(c.Kernels().Label(), KernelSet::kFused);
+  c.kernels["linear_cross_entropy"] = KernelSet::kEager;
   EXPECT_TRUE(c.Validate().ok());
   EXPECT_FALSE(c.Kernels()[KernelOp::kLinearCrossEntropy]);
   EXPECT_TRUE(c.Kernels()[KernelOp::kCrossEntropy]);
   EXPECT_EQ(c.Kernels().ToString(), "fused (eager: linear_cross_entropy)");
-  EXPECT_STREQ(c.Kernels().Label(), "mixed");
+  EXPECT_EQ(c.Kernels().Label(), KernelSet::kMixed);
   // eager by default, one op fused
   TrainConfig e;
-  e.kernels["rmsnorm"] = "fused";
+  e.kernels["rmsnorm"] = KernelSet::kFused;
   EXPECT_TRUE(e.Validate().ok());
   EXPECT_TRUE(e.Kernels()[KernelOp::kRmsNorm]);
   EXPECT_FALSE(e.Kernels()[KernelOp::kSwiGlu]);
   // an unknown op names itself and lists the valid ones
-  e.kernels["layernorm"] = "fused";
+  e.kernels["layernorm"] = KernelSet::kFused;
   const std::string msg(e.Validate().message());
   EXPECT_NE(msg.find("spec.kernels.layernorm"), std::string::npos) << msg;
   EXPECT_NE(msg.find("rmsnorm, rope, swiglu, cross_entropy, linear_cross_entropy, adamw"), std::string::npos) << msg;
   e.kernels.erase("layernorm");
-  e.kernels["rope"] = "fast";
-  EXPECT_NE(e.Validate().message().find("must be \"eager\" or \"fused\""), absl::string_view::npos);
+  // mixed names what overrides make of a run; a spec does not ask for it
   TrainConfig bad;
-  bad.kernel_set = "triton";
-  EXPECT_NE(bad.Validate().message().find("spec.kernel_set"), absl::string_view::npos);
-  // fused kernels are CUDA-only
-  TrainConfig cpu;
-  cpu.kernel_set = "fused";
+  bad.kernel_set = KernelSet::kMixed;
+  EXPECT_NE(bad.Validate().message().find("spec.kernel_set must be \"eager\" or \"fused\""), absl::string_view::npos);
+}
+
+TEST(KernelSet, NamesParseBackAndOnlyEagerAndFusedAreSpecValues) {
+  for (size_t i = 0; i < kKernelSetNames.size(); ++i) {
+    const auto k = static_cast<KernelSet>(i);
+    EXPECT_STREQ(KernelSetName(k), kKernelSetNames[i]);
+    EXPECT_EQ(ParseKernelSet(kKernelSetNames[i]), k == KernelSet::kMixed ? std::nullopt : std::optional(k));
+  }
+  EXPECT_EQ(ParseKernelSet("triton"), std::nullopt);
+}
+
+TEST(TrainConfig, NumericFieldsHaveStaticUpperBoundsNamingFieldAndLimit) {
+  auto msg = [](auto change) {
+    TrainConfig c;
+    change(c);
+    return std::string(c.Validate().message());
+  };
+  EXPECT_EQ(msg([](TrainConfig& c) { c.batch_size = 1'000'000'000; }), "spec.batch_size must be <= 65536 (got 1000000000)");
+  EXPECT_EQ(msg([](TrainConfig& c) { c.seq_len = 2'000'000; }), "spec.seq_len must be <= 1048576 (got 2000000)");
+  EXPECT_EQ(msg([](TrainConfig& c) { c.steps = int64_t{1} << 40; }), "spec.steps must be <= 1000000000 (got 1099511627776)");
+  EXPECT_NE(msg([](TrainConfig& c) { c.grad_accum_steps = 1 << 20; }).find("spec.grad_accum_steps must be <= 65536"),
+            std::string::npos);
+  EXPECT_NE(msg([](TrainConfig& c) { c.log_every = 2'000'000'000; }).find("spec.log_every must be <= 1000000000"),
+            std::string::npos);
+  EXPECT_NE(msg([](TrainConfig& c) { c.schedule.warmup_steps = int64_t{1} << 50; }).find("spec.schedule.warmup_steps must be <="),
+            std::string::npos);
+  EXPECT_NE(msg([](TrainConfig& c) { c.checkpoint.every_steps = int64_t{1} << 50; }).find("spec.checkpoint.every_steps must be <="),
+            std::string::npos);
+  EXPECT_NE(msg([](TrainConfig& c) { c.checkpoint.keep_last = 2'000'000'000; }).find("spec.checkpoint.keep_last must be <="),
+            std::string::npos);
+  EXPECT_EQ(msg([](TrainConfig& c) { c.optimizer.eps = 2; }), "spec.optimizer.eps must be a finite number in (0, 1] (got 2)");
+  EXPECT_NE(msg([](TrainConfig& c) { c.optimizer.weight_decay = 1e9; }).find("spec.optimizer.weight_decay"), std::string::npos);
+  EXPECT_NE(msg([](TrainConfig& c) { c.optimizer.grad_clip = 1e300; }).find("spec.optimizer.grad_clip"), std::string::npos);
+  // the limits themselves pass
+  EXPECT_EQ(msg([](TrainConfig& c) { c.batch_size = kMaxBatchSize, c.seq_len = 256, c.steps = kMaxSteps; }), "");
+}
+
+TEST(TrainConfig, NonFiniteNumbersAreRefusedEverywhere) {
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  for (double bad : {inf, -inf, nan}) {
+    auto field = [&](auto change) {
+      TrainConfig c;
+      change(c);
+      const std::string m(c.Validate().message());
+      return m.substr(0, m.find(' '));
+    };
+    EXPECT_EQ(field([&](TrainConfig& c) { c.optimizer.lr = bad; }), "spec.optimizer.lr");
+    EXPECT_EQ(field([&](TrainConfig& c) { c.optimizer.eps = bad; }), "spec.optimizer.eps");
+    EXPECT_EQ(field([&](TrainConfig& c) { c.optimizer.beta1 = bad; }), "spec.optimizer.beta1");
+    EXPECT_EQ(field([&](TrainConfig& c) { c.optimizer.beta2 = bad; }), "spec.optimizer.beta2");
+    EXPECT_EQ(field([&](TrainConfig& c) { c.optimizer.weight_decay = bad; }), "spec.optimizer.weight_decay");
+    EXPECT_EQ(field([&](TrainConfig& c) { c.optimizer.grad_clip = bad; }), "spec.optimizer.grad_clip");
+    EXPECT_EQ(field([&](TrainConfig& c) { c.schedule.min_lr_ratio = bad; }), "spec.schedule.min_lr_ratio");
+    EXPECT_EQ(field([&](TrainConfig& c) { c.peak_flops = bad; }), "spec.peak_flops");
+    EXPECT_EQ(field([&](TrainConfig& c) { c.lora.enabled = true, c.lora.alpha = bad; }), "spec.lora.alpha");
+    EXPECT_EQ(field([&](TrainConfig& c) { c.lora.enabled = true, c.lora.dropout = bad; }), "spec.lora.dropout");
+  }
+}
+
+// "Fused needs a GPU" and the device's GPU are decided in CheckEnvironment alone, with one message each.
+TEST(CheckEnvironment, FusedKernelsAndCudaDevicesNeedAGpu) {
+  Environment none{"this ftd", 0, true}, one{"this ftd", 1, true}, unbuilt{"this machine", 1, false};
+  TrainConfig fused;
+  fused.kernel_set = KernelSet::kFused;
+  ASSERT_TRUE(fused.Validate().ok());
+  EXPECT_TRUE(CheckEnvironment(fused, one).ok());
+  EXPECT_EQ(CheckEnvironment(fused, none).message(),
+            "spec.kernel_set uses ftd's fused CUDA kernels (fused), which need a GPU, but this ftd has no GPU: use "
+            "\"eager\" in kernel_set and spec.kernels (got fused)");
+  auto cpu = fused;
   cpu.device = "cpu";
-  EXPECT_NE(cpu.Validate().message().find("need a GPU"), absl::string_view::npos) << cpu.Validate().message();
+  EXPECT_NE(CheckEnvironment(cpu, one).message().find("need a GPU, but spec.device is \"cpu\""), absl::string_view::npos);
+  auto one_op = TrainConfig();
+  one_op.kernels["rmsnorm"] = KernelSet::kFused;
+  EXPECT_NE(CheckEnvironment(one_op, none).message().find("(fused (eager: rope, swiglu"), absl::string_view::npos);
+  auto lora_only = TrainConfig();
+  lora_only.kernels["lora"] = KernelSet::kFused;  // LibTorch ops: runs anywhere
+  EXPECT_TRUE(CheckEnvironment(lora_only, none).ok());
+  EXPECT_NE(CheckEnvironment(fused, unbuilt).message().find("built without them"), absl::string_view::npos);
+  TrainConfig cuda;
+  cuda.device = "cuda";
+  EXPECT_EQ(CheckEnvironment(cuda, none).message(),
+            "spec.device names a GPU but this ftd has no GPU: use \"auto\" or \"cpu\" (got cuda)");
+  cuda.device = "cuda:1";
+  EXPECT_EQ(CheckEnvironment(cuda, one).message(),
+            "spec.device names a GPU a job on this ftd does not see (it sees 1 GPU, as cuda:0): use \"auto\" or "
+            "\"cuda\" (got cuda:1)");
+  cuda.device = "cuda:0";
+  EXPECT_TRUE(CheckEnvironment(cuda, one).ok());
 }
 
 TEST(Schedule, WarmupThenCosineToTheFloor) {

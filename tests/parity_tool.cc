@@ -59,7 +59,9 @@ absl::Status Main(const std::string& model_dir, const std::string& batch_path, c
   const torch::Device device(device_name);
   const auto dtype = dtype_name == "bf16" ? torch::kBFloat16 : torch::kFloat;
   TrainConfig tc;
-  tc.kernel_set = kernel_set;
+  const auto ks = ftd::spec::ParseKernelSet(kernel_set);
+  if (!ks) return absl::InvalidArgumentError("KERNEL_SET must be eager or fused");
+  tc.kernel_set = *ks;
   tc.device = device_name;
   if (auto s = tc.Validate(); !s.ok()) return s;
   auto model = LlamaModel::Create(*cfg, device, dtype, 0);

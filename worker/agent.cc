@@ -16,18 +16,6 @@
 
 namespace ftd::worker {
 
-int ExitCodeFor(int outcome) {
-  switch (static_cast<engine::Outcome>(outcome)) {
-    case engine::Outcome::kSucceeded: return 0;
-    case engine::Outcome::kFailed: return 1;
-    case engine::Outcome::kInvalidSpec: return 2;
-    case engine::Outcome::kOutOfMemory: return 3;
-    case engine::Outcome::kNonFinite: return 4;
-    case engine::Outcome::kCancelled: return 5;
-  }
-  return 1;
-}
-
 int RunAgent(const AgentOptions& opts, std::atomic<bool>* stop, const std::atomic<bool>* skip_checkpoint) {
   auto channel = grpc::CreateChannel(opts.address, grpc::InsecureChannelCredentials());
   auto stub = ftd::v1::WorkerService::NewStub(channel);
@@ -99,7 +87,7 @@ int RunAgent(const AgentOptions& opts, std::atomic<bool>* stop, const std::atomi
   });
 
   engine::RunSummary summary;
-  auto config = spec::ToTrainConfig(spec);
+  auto config = spec::Validate(spec, engine::LocalEnvironment());
   if (!config.ok()) {
     summary.outcome = engine::Outcome::kInvalidSpec;
     summary.message = std::string(config.status().message());
@@ -142,7 +130,7 @@ int RunAgent(const AgentOptions& opts, std::atomic<bool>* stop, const std::atomi
     if (assignment.profile()) {
       config->profile.enabled = true;
       config->profile.trace_path = assignment.trace_path();
-      const std::string label = config->Kernels().Label();
+      const spec::KernelSet label = config->Kernels().Label();
       hooks.on_profile = [&, label](const engine::ProfileSummary& p) {
         ftd::v1::WorkerMessage msg;
         *msg.mutable_profile() = ToProfileReport(p, label);
@@ -163,7 +151,7 @@ int RunAgent(const AgentOptions& opts, std::atomic<bool>* stop, const std::atomi
   writer->WritesDone();
   (void)writer->Finish();
   std::cerr << "ftd-worker agent: " << engine::OutcomeName(summary.outcome) << ": " << summary.message << std::endl;
-  return ExitCodeFor(static_cast<int>(summary.outcome));
+  return spec::ExitCode(summary.outcome);
 }
 
 }  // namespace ftd::worker

@@ -20,6 +20,5 @@ struct AgentOptions {
 // agent also sets it when the daemon goes away, so a worker never trains on unsupervised.
 // `skip_checkpoint` is set (before `stop`) by SIGUSR1: stop without the checkpoint a stop writes.
 int RunAgent(const AgentOptions& opts, std::atomic<bool>* stop, const std::atomic<bool>* skip_checkpoint);
-int ExitCodeFor(int outcome);  // engine::Outcome as int
 
 }  // namespace ftd::worker

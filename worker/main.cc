@@ -36,33 +36,13 @@ extern "C" void OnStopWithoutCheckpoint(int) {
   g_stop.store(true);
 }
 
-int ExitCode(ftd::engine::Outcome o) { return ftd::worker::ExitCodeFor(static_cast<int>(o)); }
-
 nlohmann::json StepJson(const ftd::engine::StepMetrics& m) {
-  return {{"event", "step"},
-          {"step", m.step},
-          {"total_steps", m.total_steps},
-          {"loss", m.loss},
-          {"grad_norm", m.grad_norm},
-          {"lr", m.lr},
-          {"tokens", m.tokens},
-          {"tokens_total", m.tokens_total},
-          {"step_time_s", m.step_time_s},
-          {"tokens_per_s", m.tokens_per_s},
-          {"peak_mem_allocated_bytes", m.peak_mem_allocated_bytes},
-          {"peak_mem_reserved_bytes", m.peak_mem_reserved_bytes},
-          {"peak_rss_bytes", m.peak_rss_bytes},
-          {"mfu", m.mfu},
-          {"nvml_available", m.nvml_available},
-          {"energy_total_j", m.energy_total_j},
-          {"step_energy_j", m.step_energy_j},
-          {"joules_per_token", m.joules_per_token},
-          {"power_w", m.power_w},
-          {"gpu_utilization", m.gpu_utilization},
-          {"gpu_memory_used_bytes", m.gpu_memory_used_bytes},
-          {"real_tokens", m.real_tokens},
-          {"loss_tokens", m.loss_tokens},
-          {"eval_loss", m.eval_loss ? nlohmann::json(*m.eval_loss) : nlohmann::json()}};
+  nlohmann::json j = {{"event", "step"}};
+#define FTD_STEP_METRICS_JSON(type, name, meaning) \
+  if (const auto v = ftd::engine::MetricValue(m.name)) j[#name] = *v; else j[#name] = nullptr;
+  FTD_STEP_METRICS(FTD_STEP_METRICS_JSON)
+#undef FTD_STEP_METRICS_JSON
+  return j;
 }
 
 std::string StepText(const ftd::engine::StepMetrics& m) {
@@ -85,6 +65,7 @@ struct ProfileOptions {
   bool enabled = false;
   std::string trace;  // Chrome trace output path
   int top = 30;
+  bool phase_times = false;  // log each step's phase GPU times (RunHooks::phase_times)
 };
 
 // The spec file (or the embedded default) with --set overrides, as a validated config; on failure
@@ -117,7 +98,7 @@ std::optional<ftd::spec::TrainConfig> LoadConfig(const std::string& spec_path, b
       return std::nullopt;
     }
   }
-  auto config = ftd::spec::ToTrainConfig(spec);
+  auto config = ftd::spec::Validate(spec, ftd::engine::LocalEnvironment());
   if (!config.ok()) {
     std::cout << nlohmann::json{{"event", "result"}, {"outcome", "INVALID_SPEC"}, {"message", config.status().message()}}
                      .dump()
@@ -188,7 +169,7 @@ int Run(const std::string& spec_path, bool use_default, const std::vector<std::s
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
   ftd::engine::RunHooks hooks;
-  const std::string kernel_label = config->Kernels().Label();
+  const ftd::spec::KernelSet kernel_label = config->Kernels().Label();
   hooks.on_profile = [&](const ftd::engine::ProfileSummary& p) {
     const auto report = ftd::worker::ToProfileReport(p, kernel_label);
     if (text) {
@@ -216,6 +197,7 @@ int Run(const std::string& spec_path, bool use_default, const std::vector<std::s
     };
   }
   hooks.stop = &g_stop;
+  hooks.phase_times = prof.phase_times;
   const auto sum = ftd::engine::RunTraining(*config, hooks);
   std::cout << nlohmann::json{{"event", "result"},
                               {"outcome", ftd::engine::OutcomeName(sum.outcome)},
@@ -230,7 +212,7 @@ int Run(const std::string& spec_path, bool use_default, const std::vector<std::s
   if (sum.outcome != ftd::engine::Outcome::kSucceeded) {
     std::cerr << "ftd-worker: " << ftd::engine::OutcomeName(sum.outcome) << ": " << sum.message << "\n";
   }
-  return ExitCode(sum.outcome);
+  return ftd::spec::ExitCode(sum.outcome);
 }
 
 }  // namespace
@@ -248,6 +230,8 @@ int main(int argc, char** argv) {
   run->add_option("--format", format, "json (one object per line) or text")->check(CLI::IsMember({"json", "text"}));
   run->add_option("--set", sets, "Override a spec field, e.g. --set steps=20 --set optimizer.lr=1e-3");
   ProfileOptions prof;
+  run->add_flag("--phase-times", prof.phase_times,
+                "GPU runs: log the GPU time of each phase of every step (CUDA events, no extra synchronisation)");
   auto* profile = app.add_subcommand("profile", "Profile a job spec locally: warm-up steps, then profiled steps; "
                                                 "prints the per-op table (spec.profile sets the step counts)");
   profile->add_option("spec", spec_path, "TrainSpec JSON file (docs/job-spec.md)");

@@ -2,35 +2,22 @@
 
 namespace ftd::worker {
 
+ftd::v1::RunResult::Outcome ToProto(spec::Outcome o) {
+  ftd::v1::RunResult::Outcome p = ftd::v1::RunResult::FAILED;
+  const bool known = ftd::v1::RunResult::Outcome_Parse(std::string(spec::OutcomeName(o)), &p);
+  return known ? p : ftd::v1::RunResult::FAILED;  // reports_test: every outcome has its value
+}
+
 ftd::v1::StepReport ToStepReport(const engine::StepMetrics& m) {
   ftd::v1::StepReport r;
-  r.set_step(m.step);
-  r.set_total_steps(m.total_steps);
-  r.set_loss(m.loss);
-  r.set_grad_norm(m.grad_norm);
-  r.set_lr(m.lr);
-  r.set_tokens(m.tokens);
-  r.set_tokens_total(m.tokens_total);
-  r.set_step_time_s(m.step_time_s);
-  r.set_tokens_per_s(m.tokens_per_s);
-  r.set_peak_mem_allocated_bytes(m.peak_mem_allocated_bytes);
-  r.set_peak_mem_reserved_bytes(m.peak_mem_reserved_bytes);
-  r.set_peak_rss_bytes(m.peak_rss_bytes);
-  r.set_mfu(m.mfu);
-  r.set_nvml_available(m.nvml_available);
-  r.set_energy_total_j(m.energy_total_j);
-  r.set_step_energy_j(m.step_energy_j);
-  r.set_joules_per_token(m.joules_per_token);
-  r.set_power_w(m.power_w);
-  r.set_gpu_utilization(m.gpu_utilization);
-  r.set_gpu_memory_used_bytes(m.gpu_memory_used_bytes);
-  r.set_real_tokens(m.real_tokens);
-  r.set_loss_tokens(m.loss_tokens);
-  if (m.eval_loss) r.set_eval_loss(*m.eval_loss);
+#define FTD_STEP_METRICS_SET(type, name, meaning) \
+  if (const auto v = engine::MetricValue(m.name)) r.set_##name(*v);
+  FTD_STEP_METRICS(FTD_STEP_METRICS_SET)
+#undef FTD_STEP_METRICS_SET
   return r;
 }
 
-ftd::v1::ProfileReport ToProfileReport(const engine::ProfileSummary& p, const std::string& kernel_set) {
+ftd::v1::ProfileReport ToProfileReport(const engine::ProfileSummary& p, spec::KernelSet kernel_set) {
   ftd::v1::ProfileReport r;
   r.set_device(p.device);
   r.set_steps(p.steps);
@@ -52,20 +39,13 @@ ftd::v1::ProfileReport ToProfileReport(const engine::ProfileSummary& p, const st
     x->set_device_ms(ms);
   }
   r.set_trace_bytes(static_cast<int64_t>(p.trace_bytes));
-  r.set_kernel_set(kernel_set);
+  r.set_kernel_set(spec::KernelSetName(kernel_set));
   return r;
 }
 
 ftd::v1::RunResult ToRunResult(const engine::RunSummary& s) {
   ftd::v1::RunResult r;
-  switch (s.outcome) {
-    case engine::Outcome::kSucceeded: r.set_outcome(ftd::v1::RunResult::SUCCEEDED); break;
-    case engine::Outcome::kNonFinite: r.set_outcome(ftd::v1::RunResult::NON_FINITE); break;
-    case engine::Outcome::kOutOfMemory: r.set_outcome(ftd::v1::RunResult::OUT_OF_MEMORY); break;
-    case engine::Outcome::kInvalidSpec: r.set_outcome(ftd::v1::RunResult::INVALID_SPEC); break;
-    case engine::Outcome::kFailed: r.set_outcome(ftd::v1::RunResult::FAILED); break;
-    case engine::Outcome::kCancelled: r.set_outcome(ftd::v1::RunResult::CANCELLED); break;
-  }
+  r.set_outcome(ToProto(s.outcome));
   r.set_message(s.message);
   r.set_steps_done(s.steps_done);
   r.set_final_loss(s.final_loss);

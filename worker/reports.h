@@ -9,8 +9,10 @@
 
 namespace ftd::worker {
 
+// The RunResult value of the same name (spec/run_outcome.h).
+ftd::v1::RunResult::Outcome ToProto(spec::Outcome o);
 ftd::v1::StepReport ToStepReport(const engine::StepMetrics& m);
 ftd::v1::RunResult ToRunResult(const engine::RunSummary& s);
-ftd::v1::ProfileReport ToProfileReport(const engine::ProfileSummary& p, const std::string& kernel_set);
+ftd::v1::ProfileReport ToProfileReport(const engine::ProfileSummary& p, spec::KernelSet kernel_set);
 
 }  // namespace ftd::worker

@@ -1,6 +1,7 @@
 """Shared helpers of the Python test suites: paths to the built binaries, tiny HF LLaMA models,
 token files, and running ftd-worker / ftd-parity as real processes."""
 import json
+import math
 import os
 import subprocess
 from pathlib import Path
@@ -77,3 +78,46 @@ def max_rel_err(ours, ref):
     """max |ours - ref| / max |ref| over the tensor (docs/testing.md)."""
     ours, ref = ours.double(), ref.double()
     return ((ours - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+
+
+def schedule_lr(step, total, lr, kind, warmup, min_ratio):
+    """The documented schedule (docs/job-spec.md), written out independently of the engine: linear
+    warm-up to lr over `warmup` steps, then constant, or cosine from lr to min_ratio*lr reached at the
+    last step."""
+    if warmup > 0 and step < warmup:
+        return lr * (step + 1) / warmup
+    if kind == "constant":
+        return lr
+    decay = total - warmup
+    if decay <= 1:
+        return lr
+    progress = min(1.0, (step - warmup) / (decay - 1))
+    return lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def token_windows(tokens, t):
+    """A token file's ids as windows of t+1 tokens (inputs and shifted labels), in file order."""
+    return torch.from_numpy(tokens[: (len(tokens) // (t + 1)) * (t + 1)].astype(np.int64)).view(-1, t + 1)
+
+
+def hf_reference_steps(model, params, opt, windows, steps, b, accum, clip, lr, kind):
+    """The reference side of a training comparison, in ftd's step order: per step, `accum` micro-batches
+    of b windows, the loss summed over the step's tokens / their count, backward, clip (0: none), the
+    schedule (3 warm-up steps, floor 0.1), AdamW. Yields (loss, grad norm before clipping, lr)."""
+    import torch.nn.functional as F
+    model.train()
+    for s in range(steps):
+        micro = [windows[(s * accum + a) * b:(s * accum + a + 1) * b] for a in range(accum)]
+        count = sum(w[:, 1:].numel() for w in micro)
+        total = 0.0
+        for w in micro:
+            logits = model(input_ids=w[:, :-1]).logits.float()
+            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), w[:, 1:].reshape(-1), reduction="sum") / count
+            loss.backward()
+            total += loss.item()
+        norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
+        for g in opt.param_groups:
+            g["lr"] = schedule_lr(s, steps, lr, kind, 3, 0.1)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        yield total, norm.item(), opt.param_groups[0]["lr"]

@@ -154,3 +154,18 @@ def test_fused_8b_loss_follows_eager_for_20_steps(tmp_path):
     params = 8_030_261_248  # the 8B preset (engine_core_test)
     assert peak["eager"] >= 8 * params and peak["fused"] >= 8 * params, peak
     assert peak["fused"] <= peak["eager"] * 1.005, peak
+
+
+def test_fused_linear_cross_entropy_chunk_rows_and_phase_times(tmp_path):
+    """spec.kernel_tuning.linear_cross_entropy_chunk_rows reaches the kernel: 64 tokens in chunks of 16
+    rows train as in one chunk (the same math, chunked; bf16 dW is rounded once per chunk, so losses
+    agree to bf16 rounding), and 0 rows is refused. --phase-times logs every step's phases."""
+    base = {"model": {"preset": "tiny"}, "steps": 4, "batch_size": 2, "seq_len": 32, "device": "cuda",
+            "dtype": "bf16", "kernel_set": "fused", "optimizer": {"lr": 1e-3}}
+    _, one, _, err = run_worker(base, tmp_path, "--phase-times")
+    assert err.count("phases step ") == 4 and "forward+backward" in err, err
+    _, chunked, _, _ = run_worker(dict(base, kernel_tuning={"linear_cross_entropy_chunk_rows": 16}), tmp_path)
+    assert [round(s["loss"], 2) for s in one] == [round(s["loss"], 2) for s in chunked]
+    code, _, result, _ = run_worker(dict(base, kernel_tuning={"linear_cross_entropy_chunk_rows": -1}), tmp_path,
+                                    check=False)
+    assert code == 2 and "spec.kernel_tuning.linear_cross_entropy_chunk_rows must be >= 0" in result["message"]

@@ -1,13 +1,13 @@
 """Parity of our LibTorch LLaMA with HF transformers on CPU, fp32: logits, gradients, and the losses
 of 10 AdamW steps through the real ftd-worker (data loader, schedule, clipping, accumulation)."""
-import math
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from ftdtest import CONFIGS, make_hf_model, max_rel_err, run_parity, run_worker, write_tokens
+from ftdtest import (CONFIGS, hf_reference_steps, make_hf_model, max_rel_err, run_parity, run_worker, token_windows,
+                     write_tokens)
 
 torch.set_num_threads(2)
 
@@ -44,20 +44,6 @@ def test_logits_and_gradients_match_transformers(name, tmp_path):
     assert checked == len(grads)  # every HF parameter (tied ones once) has a gradient from us
 
 
-def schedule_lr(step, total, lr, kind, warmup, min_ratio):
-    """The documented schedule (docs/job-spec.md): linear warm-up to lr over `warmup` steps, then
-    constant, or cosine from lr to min_ratio*lr reached at the last step."""
-    if warmup > 0 and step < warmup:
-        return lr * (step + 1) / warmup
-    if kind == "constant":
-        return lr
-    decay = total - warmup
-    if decay <= 1:
-        return lr
-    progress = min(1.0, (step - warmup) / (decay - 1))
-    return lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
 @pytest.mark.parametrize("name,accum,clip,kind", [
     ("gqa_llama3_untied", 1, 1e3, "cosine"),    # a clip that never binds: gradients pass unscaled
     ("mqa_llama3_tied", 2, 0.05, "constant"),   # a clip that binds, and gradient accumulation
@@ -86,26 +72,12 @@ def test_ten_adamw_steps_match_transformers(name, accum, clip, kind, tmp_path):
     opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": hp["weight_decay"]},
                              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
                             lr=hp["lr"], betas=(hp["beta1"], hp["beta2"]), eps=hp["eps"])
-    model.train()
-    windows = torch.from_numpy(tokens[: (len(tokens) // (t + 1)) * (t + 1)].astype(np.int64)).view(-1, t + 1)
-    for s in range(steps):
-        micro = [windows[(s * accum + a) * b:(s * accum + a + 1) * b] for a in range(accum)]
-        count = sum(w[:, 1:].numel() for w in micro)
-        total = 0.0
-        for w in micro:
-            logits = model(input_ids=w[:, :-1]).logits.float()
-            loss = F.cross_entropy(logits.reshape(-1, vocab), w[:, 1:].reshape(-1), reduction="sum") / count
-            loss.backward()
-            total += loss.item()
-        norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
-        assert clip < 1e3 or norm.item() < clip / 10, norm  # the non-binding case does not bind
-        for g in opt.param_groups:
-            g["lr"] = schedule_lr(s, steps, hp["lr"], kind, 3, 0.1)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    ref = hf_reference_steps(model, params, opt, token_windows(tokens, t), steps, b, accum, clip, hp["lr"], kind)
+    for s, (total, norm, lr) in enumerate(ref):
+        assert clip < 1e3 or norm < clip / 10, norm  # the non-binding case does not bind
         assert abs(ours[s]["loss"] - total) / total <= 1e-5, (s, ours[s]["loss"], total)
-        assert abs(ours[s]["grad_norm"] - norm.item()) / norm.item() <= 1e-4, s
-        assert ours[s]["lr"] == pytest.approx(g["lr"], rel=1e-12)
+        assert abs(ours[s]["grad_norm"] - norm) / norm <= 1e-4, s
+        assert ours[s]["lr"] == pytest.approx(lr, rel=1e-12)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from ftdtest import CONFIGS, make_hf_model, max_rel_err, run_parity, run_worker, write_tokens
+from ftdtest import (CONFIGS, hf_reference_steps, make_hf_model, max_rel_err, run_parity, run_worker, token_windows,
+                     write_tokens)
 
 torch.set_num_threads(2)
 
@@ -29,23 +30,6 @@ def peft_model(base, targets, rank, alpha, rslora=False, init=True):
 def adapter_state(model):
     from peft import get_peft_model_state_dict
     return {k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}
-
-
-def schedule_lr(step, total, lr, kind, warmup, min_ratio):
-    """docs/job-spec.md's schedule, written out independently."""
-    if warmup > 0 and step < warmup:
-        return lr * (step + 1) / warmup
-    if kind == "constant":
-        return lr
-    decay = total - warmup
-    if decay <= 1:
-        return lr
-    progress = min(1.0, (step - warmup) / (decay - 1))
-    return lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
-def token_windows(tokens, t):
-    return torch.from_numpy(tokens[: (len(tokens) // (t + 1)) * (t + 1)].astype(np.int64)).view(-1, t + 1)
 
 
 CASES = [
@@ -89,24 +73,10 @@ def test_ten_adamw_steps_match_peft(name, targets, rank, alpha, rslora, accum, c
     assert params and all(p.dim() == 2 for p in params)  # adapters only; all decayed (rank >= 2)
     opt = torch.optim.AdamW(params, lr=hp["lr"], betas=(hp["beta1"], hp["beta2"]), eps=hp["eps"],
                             weight_decay=hp["weight_decay"])
-    model.train()
-    windows = token_windows(tokens, t)
-    for s in range(steps):
-        micro = [windows[(s * accum + a) * b:(s * accum + a + 1) * b] for a in range(accum)]
-        count = sum(w[:, 1:].numel() for w in micro)
-        total = 0.0
-        for w in micro:
-            logits = model(input_ids=w[:, :-1]).logits.float()
-            loss = F.cross_entropy(logits.reshape(-1, vocab), w[:, 1:].reshape(-1), reduction="sum") / count
-            loss.backward()
-            total += loss.item()
-        norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
-        for g in opt.param_groups:
-            g["lr"] = schedule_lr(s, steps, hp["lr"], kind, 3, 0.1)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    ref = hf_reference_steps(model, params, opt, token_windows(tokens, t), steps, b, accum, clip, hp["lr"], kind)
+    for s, (total, norm, _) in enumerate(ref):
         assert abs(ours[s]["loss"] - total) / total <= 1e-5, (s, ours[s]["loss"], total)
-        assert abs(ours[s]["grad_norm"] - norm.item()) / norm.item() <= 1e-4, s
+        assert abs(ours[s]["grad_norm"] - norm) / norm <= 1e-4, s
 
     saved = load_file(str(tmp_path / "ck" / f"step-{steps:08d}" / "adapter_model.safetensors"))
     ref = adapter_state(model)

@@ -70,6 +70,10 @@ def test_bad_input_is_refused_with_the_field_named(daemon):
     assert p.returncode == 3 and "spec.kernel_set" in p.stderr and "no GPU" in p.stderr, p.stderr
     p = ftctl(daemon, "submit", "--default", "--set", "kernels.softmax=fused")
     assert p.returncode == 3 and "spec.kernels.softmax is not an op" in p.stderr, p.stderr
+    p = ftctl(daemon, "submit", "--default", "--set", "optimizer.eps=Infinity")
+    assert p.returncode == 3 and "spec.optimizer.eps must be a finite number (got inf)" in p.stderr, p.stderr
+    p = ftctl(daemon, "submit", "--default", "--set", "batch_size=1000000000")
+    assert p.returncode == 3 and "spec.batch_size must be <= 65536" in p.stderr, p.stderr
     p = ftctl(daemon, "submit", "--default", "--priority", "5000")
     assert p.returncode != 0 and "priority" in p.stderr
     p = ftctl(daemon, "get", "j-999999")
@@ -78,6 +82,25 @@ def test_bad_input_is_refused_with_the_field_named(daemon):
     assert ftctl(daemon, "wait", job, timeout=300).returncode == 0
     p = ftctl(daemon, "cancel", job)
     assert p.returncode != 0 and "already succeeded" in p.stderr
+
+
+def test_submit_refuses_unknown_binary_fields_and_enum_values(daemon):
+    """Over real gRPC: protobuf's parser keeps a field this build does not know and an enum number
+    outside the enum; SubmitJob refuses both, naming them, and stores nothing."""
+    import grpc
+    from ftdapi import JobService, msg, spec
+    good = msg("SubmitJobRequest")(spec=spec(dict(TINY, steps=1)), name="wire").SerializeToString()
+    with grpc.insecure_channel(daemon.addr) as ch:
+        call = ch.unary_unary("/ftd.v1.JobService/SubmitJob", request_serializer=lambda b: b,
+                              response_deserializer=lambda b: b)
+        for raw, needle in [(good + b"\xf8\x07\x01", "SubmitJobRequest holds field number 127 (varint)"),
+                            (good + b"\x08\x63", "kind is 99, not a JobKind value: use one of FINETUNE, PROFILE")]:
+            with pytest.raises(grpc.RpcError) as e:
+                call(raw, timeout=10)
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and needle in e.value.details(), e.value
+        call(good, timeout=10)  # the same request without them is taken, and is the only job
+        jobs = JobService(ch).ListJobs(msg("ListJobsRequest")(), timeout=10).jobs
+    assert [j.name for j in jobs] == ["wire"]
 
 
 def test_priority_then_submission_order_and_queue_position(tmp_path):

@@ -139,6 +139,12 @@ def test_non_finite_loss_stops_the_run_without_applying_the_update(tmp_path):
     ({"device": "cuda:7"}, "spec.device"),
     ({"kernel_set": "fused"}, "need a GPU"),
     ({"kernels": {"rmsnrom": "fused"}}, "spec.kernels.rmsnrom is not an op; the ops are: rmsnorm, rope"),
+    # Non-finite numbers (the JSON mapping spells them as strings) and the static upper bounds.
+    ({"optimizer": {"eps": "Infinity"}}, "spec.optimizer.eps must be a finite number (got inf)"),
+    ({"peak_flops": "Infinity"}, "spec.peak_flops must be a finite number (got inf)"),
+    ({"optimizer": {"lr": "NaN"}}, "spec.optimizer.lr must be a finite number (got nan)"),
+    ({"batch_size": 1000000000}, "spec.batch_size must be <= 65536 (got 1000000000)"),
+    ({"seq_len": 2000000}, "spec.seq_len must be <= 1048576 (got 2000000)"),
 ])
 def test_bad_specs_are_refused_naming_the_field(tmp_path, spec, needle):
     code, steps, _, err = run_worker(dict({"device": "cpu", "steps": 2}, **spec), tmp_path, check=False)

@@ -17,31 +17,49 @@
 
 namespace ftd::engine {
 
+// One reported optimizer step. The fields are listed once, here: the struct, the protocol's
+// StepReport (worker/reports.cc, whose test checks the proto has exactly these fields in this
+// order) and a standalone run's step line (worker/main.cc) are all made from this list.
+// X(type, name, meaning)
+#define FTD_STEP_METRICS(X)                                                                           \
+  X(int64_t, step, "1-based optimizer step")                                                          \
+  X(int64_t, total_steps, "")                                                                         \
+  X(double, loss, "mean next-token cross-entropy over the step's non-ignored tokens")                \
+  X(double, grad_norm, "global L2 norm before clipping")                                             \
+  X(double, lr, "")                                                                                   \
+  X(int64_t, tokens, "tokens in this step (batch x seq_len x accumulation)")                         \
+  X(int64_t, tokens_total, "")                                                                        \
+  X(double, step_time_s, "")                                                                          \
+  X(double, tokens_per_s, "")                                                                         \
+  X(uint64_t, peak_mem_allocated_bytes, "GPU high-water marks during the step (0 on CPU)")           \
+  X(uint64_t, peak_mem_reserved_bytes, "")                                                            \
+  X(uint64_t, peak_rss_bytes, "host high-water mark of the process")                                 \
+  X(double, mfu, "0 when the device's peak FLOP/s is unknown")                                       \
+  X(bool, nvml_available, "NVML loaded on a GPU run; otherwise false and the fields below are 0")    \
+  X(double, energy_total_j, "since the run started")                                                 \
+  X(double, step_energy_j, "per step, over the most recent steps spanning >= 1 s")                   \
+  X(double, joules_per_token, "over the same steps")                                                 \
+  X(double, power_w, "mean over the same steps")                                                     \
+  X(double, gpu_utilization, "0..1")                                                                  \
+  X(uint64_t, gpu_memory_used_bytes, "")                                                              \
+  X(int64_t, real_tokens, "tokens of this step that are not padding")                                \
+  X(int64_t, loss_tokens, "tokens of this step the loss counts")                                     \
+  X(std::optional<double>, eval_loss, "mean masked loss on the held-out rows, on eval steps")
+
+// A metric as an optional: set ones are reported, unset optional ones are left out (null in JSON).
+template <typename T>
+std::optional<T> MetricValue(const T& v) {
+  return v;
+}
+template <typename T>
+std::optional<T> MetricValue(const std::optional<T>& v) {
+  return v;
+}
+
 struct StepMetrics {
-  int64_t step = 0;         // 1-based optimizer step
-  int64_t total_steps = 0;
-  double loss = 0;          // mean next-token cross-entropy over the step's non-ignored tokens
-  double grad_norm = 0;     // global L2 norm before clipping
-  double lr = 0;
-  int64_t tokens = 0;       // tokens in this step (batch × seq_len × accumulation)
-  int64_t tokens_total = 0;
-  double step_time_s = 0;
-  double tokens_per_s = 0;
-  uint64_t peak_mem_allocated_bytes = 0;  // GPU high-water marks during the step (0 on CPU)
-  uint64_t peak_mem_reserved_bytes = 0;
-  uint64_t peak_rss_bytes = 0;            // host high-water mark of the process
-  double mfu = 0;                         // 0 when the device's peak FLOP/s is unknown
-  // NVML (GPU runs where libnvidia-ml loads; otherwise nvml_available is false and these are 0).
-  bool nvml_available = false;
-  double energy_total_j = 0;     // since the run started
-  double step_energy_j = 0;      // per step, over the most recent steps spanning >= 1 s
-  double joules_per_token = 0;   // over the same steps
-  double power_w = 0;            // mean over the same steps
-  double gpu_utilization = 0;    // 0..1
-  uint64_t gpu_memory_used_bytes = 0;
-  int64_t real_tokens = 0;           // tokens of this step that are not padding
-  int64_t loss_tokens = 0;           // tokens of this step the loss counts
-  std::optional<double> eval_loss;   // mean masked loss on the held-out rows, on eval steps
+#define FTD_STEP_METRICS_FIELD(type, name, meaning) type name{};
+  FTD_STEP_METRICS(FTD_STEP_METRICS_FIELD)
+#undef FTD_STEP_METRICS_FIELD
 };
 
 // One row of a profile: an op (a LibTorch op such as aten::mm, or one of ftd's kernels such as
@@ -67,8 +85,8 @@ struct ProfileSummary {
   uint64_t trace_bytes = 0;
 };
 
-enum class Outcome { kSucceeded, kFailed, kNonFinite, kOutOfMemory, kInvalidSpec, kCancelled };
-const char* OutcomeName(Outcome o);
+using spec::Outcome;  // spec/run_outcome.h: how a run ended, with its name and exit code
+using spec::OutcomeName;
 
 struct RunSummary {
   Outcome outcome = Outcome::kFailed;
@@ -94,14 +112,21 @@ struct RunHooks {
   ProgressFn on_progress;
   // After every optimizer step, whatever log_every is: liveness for a watchdog. Training thread.
   std::function<void(int64_t step)> on_step_done;
+  // GPU runs: log the GPU time of each phase of every step (forward+backward, norm+clip, optimizer)
+  // from CUDA events, which add no synchronisation (`ftd-worker run --phase-times`).
+  bool phase_times = false;
 };
 
 // Runs the whole job: builds or loads the model, resumes from a checkpoint if asked, trains,
-// checkpoints. Never throws; every failure is in the summary.
+// checkpoints. `config` was validated for this machine (spec::Validate with LocalEnvironment(), or
+// Validate and CheckEnvironment). Never throws; every failure is in the summary.
 RunSummary RunTraining(const TrainConfig& config, const RunHooks& hooks);
 
 // The device a config resolves to ("cpu", "cuda:0"), and whether CUDA is present at all.
 std::string ResolveDevice(const std::string& requested);
 int CudaDeviceCount();
+// This machine as a spec is checked against at the worker's start: its GPUs, and whether this
+// build has ftd's fused CUDA kernels.
+spec::Environment LocalEnvironment();
 
 }  // namespace ftd::engine

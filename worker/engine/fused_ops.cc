@@ -193,23 +193,20 @@ struct CrossEntropyFn : public torch::autograd::Function<CrossEntropyFn> {
 
 // ---- fused linear cross-entropy -----------------------------------------------------------------
 // Rows per chunk: the chunk's logits [chunk, V] are the only vocabulary-sized buffer (2048 x 128256
-// bf16 = 0.5 GB for LLaMA-3's vocabulary). FTD_FLCE_CHUNK_ROWS overrides it (benchmarking).
-int64_t ChunkRows(int64_t rows) {
-  int64_t chunk = 2048;
-  if (const char* env = std::getenv("FTD_FLCE_CHUNK_ROWS"); env != nullptr && std::atoll(env) > 0) chunk = std::atoll(env);
-  return std::max<int64_t>(1, std::min(rows, chunk));
-}
+// bf16 = 0.5 GB for LLaMA-3's vocabulary); spec.kernel_tuning.linear_cross_entropy_chunk_rows.
+int64_t ChunkRows(int64_t rows, int64_t chunk) { return std::max<int64_t>(1, std::min(rows, chunk)); }
 
 struct LinearCrossEntropyFn : public torch::autograd::Function<LinearCrossEntropyFn> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x_in, const torch::Tensor& w_in,
-                               const torch::Tensor& labels_in, const torch::Tensor& scale_in, int64_t ignore_index) {
+                               const torch::Tensor& labels_in, const torch::Tensor& scale_in, int64_t ignore_index,
+                               int64_t chunk_rows) {
     const auto dt = KDType(x_in, "linear_cross_entropy x");
     TORCH_CHECK(x_in.dim() == 2 && w_in.dim() == 2 && x_in.size(1) == w_in.size(1) &&
                     x_in.scalar_type() == w_in.scalar_type() && labels_in.numel() == x_in.size(0),
                 "linear_cross_entropy: x [N, H], w [V, H] of one dtype, labels [N]");
     auto x = x_in.contiguous(), w = w_in.contiguous();
     auto labels = labels_in.to(torch::kLong).contiguous();
-    const int64_t rows = x.size(0), hidden = x.size(1), vocab = w.size(0), chunk = ChunkRows(rows);
+    const int64_t rows = x.size(0), hidden = x.size(1), vocab = w.size(0), chunk = ChunkRows(rows, chunk_rows);
     auto opts = x.options().dtype(torch::kFloat);
     auto loss = torch::empty({rows}, opts), lse = torch::empty({rows}, opts);
     // A frozen weight (LoRA's lm_head) gets no gradient: the kernel skips its GEMM.
@@ -239,7 +236,7 @@ struct LinearCrossEntropyFn : public torch::autograd::Function<LinearCrossEntrop
     auto dx = saved[0].mul_(g.to(saved[0].scalar_type()));
     torch::Tensor dw;
     if (ctx->saved_data["weight_grad"].toBool()) dw = saved[1].mul_(g.to(saved[1].scalar_type()));
-    return {dx, dw, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {dx, dw, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -256,8 +253,8 @@ torch::Tensor CrossEntropySum(const torch::Tensor& logits, const torch::Tensor& 
   return CrossEntropyFn::apply(logits, labels, ignore_index);
 }
 torch::Tensor LinearCrossEntropy(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& labels,
-                                 const torch::Tensor& scale, int64_t ignore_index) {
-  return LinearCrossEntropyFn::apply(x, w, labels, scale, ignore_index);
+                                 const torch::Tensor& scale, int64_t ignore_index, int64_t chunk_rows) {
+  return LinearCrossEntropyFn::apply(x, w, labels, scale, ignore_index, chunk_rows);
 }
 
 torch::Tensor GradNorm(const std::vector<torch::Tensor>& grads) {
@@ -329,7 +326,7 @@ torch::Tensor Rope(const torch::Tensor&, const torch::Tensor&, const torch::Tens
 torch::Tensor SwiGlu(const torch::Tensor&, const torch::Tensor&) { Missing(); }
 torch::Tensor CrossEntropySum(const torch::Tensor&, const torch::Tensor&, int64_t) { Missing(); }
 torch::Tensor LinearCrossEntropy(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&,
-                                 int64_t) {
+                                 int64_t, int64_t) {
   Missing();
 }
 torch::Tensor GradNorm(const std::vector<torch::Tensor>&) { Missing(); }

@@ -22,10 +22,10 @@ torch::Tensor SwiGlu(const torch::Tensor& gate, const torch::Tensor& up);
 // online softmax, no fp32 copy of the logits and no softmax tensor.
 torch::Tensor CrossEntropySum(const torch::Tensor& logits, const torch::Tensor& labels, int64_t ignore_index);
 // scale * the same sum for logits = x W^T, without materialising them: x [N, H], w [V, H] (lm_head),
-// chunked; scale is an fp32 scalar on the device (1/count for a mean), known before the gradients,
-// which are computed in the forward pass.
+// in chunks of chunk_rows rows (spec.kernel_tuning); scale is an fp32 scalar on the device (1/count
+// for a mean), known before the gradients, which are computed in the forward pass.
 torch::Tensor LinearCrossEntropy(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& labels,
-                                 const torch::Tensor& scale, int64_t ignore_index);
+                                 const torch::Tensor& scale, int64_t ignore_index, int64_t chunk_rows);
 
 // The global L2 norm of all gradients (fp32 scalar on the device), one deterministic multi-tensor pass.
 torch::Tensor GradNorm(const std::vector<torch::Tensor>& grads);

@@ -369,7 +369,7 @@ torch::Tensor LlamaModel::LossSum(const torch::Tensor& ids, const torch::Tensor&
     auto one = torch::ones({}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
     auto h = Hidden(ids, /*train=*/true, layout).reshape({-1, config_.hidden_size});
     RECORD_USER_SCOPE("ftd::op::cross_entropy");
-    return fused::LinearCrossEntropy(h, lm_head_, flat_labels, one, kIgnoreIndex);
+    return fused::LinearCrossEntropy(h, lm_head_, flat_labels, one, kIgnoreIndex, tuning_.LinearCrossEntropyChunkRows());
   }
   return CrossEntropySum(torch::linear(Hidden(ids, /*train=*/true, layout), lm_head_), flat_labels);
 }
@@ -404,7 +404,8 @@ torch::Tensor LlamaModel::LossMean(const torch::Tensor& ids, const torch::Tensor
   if (kernels_[KernelOp::kLinearCrossEntropy]) {
     auto h = Hidden(ids, /*train=*/true, layout).reshape({-1, config_.hidden_size});
     RECORD_USER_SCOPE("ftd::op::cross_entropy");
-    return fused::LinearCrossEntropy(h, lm_head_, labels.reshape({-1}), count.reciprocal(), kIgnoreIndex);
+    return fused::LinearCrossEntropy(h, lm_head_, labels.reshape({-1}), count.reciprocal(), kIgnoreIndex,
+                                     tuning_.LinearCrossEntropyChunkRows());
   }
   return LossSum(ids, labels, layout) / count;
 }

@@ -78,8 +78,11 @@ class LlamaModel {
   torch::Tensor LossMean(const torch::Tensor& ids, const torch::Tensor& labels, const torch::Tensor& count,
                          const PackedLayout& layout = {});
 
-  // Which ops run ftd's fused CUDA kernels (default: none, LibTorch's composite ops).
-  void SetKernels(const KernelChoice& k) { kernels_ = k; }
+  // Which ops run ftd's fused CUDA kernels (default: none, LibTorch's composite ops), and their tuning.
+  void SetKernels(const KernelChoice& k, const spec::KernelTuning& tuning = {}) {
+    kernels_ = k;
+    tuning_ = tuning;
+  }
   const KernelChoice& kernels() const { return kernels_; }
 
   // Multiply-accumulate FLOPs of one token's forward+backward (docs/performance.md, MFU).
@@ -119,6 +122,7 @@ class LlamaModel {
   torch::Tensor cos_, sin_;      // [T, D] in the model dtype (eager, as HF)
   torch::Tensor cos32_, sin32_;  // [T, D/2] fp32 (fused)
   KernelChoice kernels_;
+  spec::KernelTuning tuning_;
   spec::LoraConfig lora_;  // enabled: LoRA
   std::vector<std::pair<std::string, torch::Tensor>> adapters_;  // PEFT names, layer by layer, A then B
   std::string weights_dir_;  // what LoadWeights read

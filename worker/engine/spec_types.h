@@ -3,6 +3,7 @@
 #pragma once
 
 #include "spec/llama_config.h"
+#include "spec/run_outcome.h"
 #include "spec/train_config.h"
 
 namespace ftd::engine {

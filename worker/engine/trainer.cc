@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <optional>
 
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/record_function.h>
@@ -30,19 +31,14 @@
 
 namespace ftd::engine {
 
-const char* OutcomeName(Outcome o) {
-  switch (o) {
-    case Outcome::kSucceeded: return "SUCCEEDED";
-    case Outcome::kFailed: return "FAILED";
-    case Outcome::kNonFinite: return "NON_FINITE";
-    case Outcome::kOutOfMemory: return "OUT_OF_MEMORY";
-    case Outcome::kInvalidSpec: return "INVALID_SPEC";
-    case Outcome::kCancelled: return "CANCELLED";
-  }
-  return "FAILED";
-}
-
 int CudaDeviceCount() { return static_cast<int>(torch::cuda::device_count()); }
+
+spec::Environment LocalEnvironment() {
+  spec::Environment env;
+  env.gpus = CudaDeviceCount();
+  env.fused_kernels = fused::Available();
+  return env;
+}
 
 std::string ResolveDevice(const std::string& requested) {
   if (requested == "auto") return CudaDeviceCount() > 0 ? "cuda:0" : "cpu";
@@ -51,11 +47,6 @@ std::string ResolveDevice(const std::string& requested) {
 }
 
 namespace {
-
-struct Failure {
-  Outcome outcome;
-  std::string message;
-};
 
 uint64_t PeakRss() {
   struct rusage ru {};
@@ -84,318 +75,346 @@ absl::StatusOr<LlamaConfig> ModelConfigFor(const TrainConfig& cfg, bool cuda) {
   return PresetLlamaConfig(cuda ? "llama-3.1-8b" : "tiny");
 }
 
-RunSummary Run(const TrainConfig& cfg, const RunHooks& hooks) {
-  RunSummary sum;
-  auto log = [&](std::string_view line) {
-    if (hooks.on_log) hooks.on_log(line);
-  };
-  auto fail = [&](Outcome o, std::string msg) {
-    sum.outcome = o;
-    sum.message = std::move(msg);
-    return sum;
-  };
-  const std::string dev_name = ResolveDevice(cfg.device);
-  torch::Device device(torch::kCPU);
-  try {
-    device = torch::Device(dev_name);
-  } catch (const c10::Error&) {
-    return fail(Outcome::kInvalidSpec, absl::StrCat("spec.device \"", cfg.device, "\" is not a device name"));
-  }
-  if (device.is_cuda() && device.index() >= CudaDeviceCount()) {
-    return fail(Outcome::kInvalidSpec,
-                absl::StrCat("spec.device is \"", cfg.device, "\" but this machine has ", CudaDeviceCount(),
-                             " CUDA devices (use \"auto\" or \"cpu\")"));
-  }
-  if (device.is_cuda()) c10::cuda::set_device(device.index());
-  const bool bf16 = cfg.dtype == "bf16" || (cfg.dtype == "auto" && device.is_cuda());
-  const torch::ScalarType dtype = bf16 ? torch::kBFloat16 : torch::kFloat;
+// One run, in three parts: Setup (device, model, data, optimizer, resume), Step (one optimizer step
+// in the fixed order above) and Report (the step's metrics, the profile). A part that ends the run
+// returns false with the outcome in sum_.
+class TrainingRun {
+ public:
+  TrainingRun(const TrainConfig& cfg, const RunHooks& hooks) : cfg_(cfg), hooks_(hooks) {}
 
-  const KernelChoice kernels = cfg.Kernels();
-  if (kernels.any() && !fused::Available()) {
-    return fail(Outcome::kInvalidSpec, "spec.kernel_set: this ftd-worker was built without the fused CUDA kernels (no "
-                                       "nvcc at build time); use kernel_set \"eager\"");
-  }
-  if (kernels.any() && !device.is_cuda()) {
-    return fail(Outcome::kInvalidSpec, absl::StrCat("spec.kernel_set: the fused CUDA kernels (", kernels.ToString(),
-                                                    ") need a GPU and this run is on the CPU; use kernel_set \"eager\""));
-  }
-
-  auto mc = ModelConfigFor(cfg, device.is_cuda());
-  if (!mc.ok()) return fail(Outcome::kInvalidSpec, std::string(mc.status().message()));
-  auto model_or = LlamaModel::Create(*mc, device, dtype, cfg.seed);
-  if (!model_or.ok()) return fail(Outcome::kInvalidSpec, std::string(model_or.status().message()));
-  LlamaModel& model = **model_or;
-  model.SetKernels(kernels);
-  if (!cfg.model.weights_path.empty()) {
-    ProgressMeter meter(hooks.on_progress, ProgressPhase::kLoadWeights, 0);
-    if (auto s = model.LoadWeights(cfg.model.weights_path, &meter); !s.ok()) {
-      return fail(Outcome::kInvalidSpec, absl::StrCat("spec.model.weights_path: ", s.message()));
+  RunSummary Run() {
+    if (!Setup()) return sum_;
+    for (int64_t step = state_.step; step < cfg_.steps; ++step) {
+      if (!Step(step)) return sum_;
     }
-    meter.Finish();
-  }
-  if (cfg.lora.enabled) {
-    if (auto s = model.EnableLora(cfg.lora, cfg.seed); !s.ok()) return fail(Outcome::kInvalidSpec, std::string(s.message()));
-  }
-  DataConfig data_cfg = cfg.data;
-  if (data_cfg.tokenizer_path.empty()) data_cfg.tokenizer_path = cfg.model.weights_path;
-  auto data_or = TokenData::Open(data_cfg, cfg.seq_len, cfg.batch_size, mc->vocab_size, hooks.on_progress);
-  if (!data_or.ok()) return fail(Outcome::kInvalidSpec, std::string(data_or.status().message()));
-  TokenData& data = **data_or;
-  log(absl::StrCat("data: ", data.summary(), "; ", data.num_rows(), " training rows"));
-  std::unique_ptr<TokenData> eval_data;
-  if (cfg.data.has_eval()) {
-    auto e = TokenData::Open(data_cfg, cfg.seq_len, cfg.batch_size, mc->vocab_size, hooks.on_progress,
-                             TokenData::Split::kEval);
-    if (!e.ok()) return fail(Outcome::kInvalidSpec, std::string(e.status().message()));
-    eval_data = *std::move(e);
-    log(absl::StrCat("held-out data: ", cfg.data.eval_path.empty() ? "a seeded fraction of the rows" : eval_data->summary(),
-                     "; ", eval_data->num_rows(), " rows"));
-  }
-  AdamW opt(model.trainable_parameters(), cfg.optimizer, cfg.fp32_master_weights, kernels[KernelOp::kAdamW]);
-
-  TrainerState state;
-  int64_t saved_step = -1;  // the step of the checkpoint last written or resumed from
-  state.batch_size = cfg.batch_size;
-  state.seq_len = cfg.seq_len;
-  state.shuffle = cfg.data.shuffle;
-  state.data_seed = cfg.data.seed;
-  state.data_path = cfg.data.path;
-  if (!cfg.checkpoint.dir.empty() && cfg.checkpoint.resume) {
-    auto latest = LatestCheckpoint(cfg.checkpoint.dir);
-    if (!latest.ok()) return fail(Outcome::kFailed, std::string(latest.status().message()));
-    if (latest->has_value()) {
-      if (auto s = LoadCheckpoint(**latest, &state, &model, &opt, hooks.on_progress); !s.ok()) {
-        return fail(Outcome::kFailed, std::string(s.message()));
-      }
-      sum.last_checkpoint = **latest;
-      saved_step = state.step;
-      log(absl::StrCat("resumed from ", **latest, " at step ", state.step));
-    }
-  }
-  log(absl::StrFormat("model: %.3fB parameters (%d layers, hidden %d, vocab %d), %s on %s, kernels %s; data: %d tokens",
-                      static_cast<double>(mc->NumParameters()) / 1e9, mc->num_hidden_layers, mc->hidden_size,
-                      mc->vocab_size, bf16 ? "bf16" : "fp32", device.str(), kernels.ToString(), data.num_tokens()));
-  log(absl::StrCat("predicted ", spec::PredictPeakMemory(*mc, cfg, device.is_cuda()).ToString()));
-  if (model.lora()) {
-    int64_t n = 0;
-    for (const auto& [name, t] : model.trainable_parameters()) n += t.numel();
-    log(absl::StrFormat("LoRA: rank %d, alpha %g (scale %g), %s adapters on %s; %d trainable parameters, base frozen",
-                        cfg.lora.rank, cfg.lora.Alpha(), cfg.lora.Scale(), cfg.lora.dtype,
-                        absl::StrJoin(cfg.lora.target_modules, ","), n));
+    if (!Checkpoint()) return sum_;
+    sum_.outcome = Outcome::kSucceeded;
+    sum_.message = absl::StrCat("trained ", state_.step, " steps");
+    return sum_;
   }
 
-  const double peak = cfg.peak_flops.value_or(PeakFlops(device));
-  const double flops_per_token = model.TrainingFlopsPerToken(cfg.seq_len);
-  const int64_t tokens_per_step = static_cast<int64_t>(cfg.batch_size) * cfg.seq_len * cfg.grad_accum_steps;
-  MicroBatch host;
-  sum.steps_done = state.step;
+ private:
+  void Log(std::string_view line) const {
+    if (hooks_.on_log) hooks_.on_log(line);
+  }
+  bool Fail(Outcome o, std::string msg) {
+    sum_.outcome = o;
+    sum_.message = std::move(msg);
+    return false;
+  }
   // A micro-batch on the device: inputs, shifted labels (-100 where masked) and, for rows holding
   // several documents, their positions and block-diagonal mask.
   struct DeviceBatch {
     torch::Tensor ids, labels;
     PackedLayout layout;
   };
-  auto upload = [&](MicroBatch& mb) {
-    auto as_tensor = [&](std::vector<int64_t>& v) {
-      return torch::from_blob(v.data(), {mb.rows, mb.seq}, torch::kInt64).clone().to(device);
-    };
-    DeviceBatch d{as_tensor(mb.input_ids), as_tensor(mb.labels), {}};
-    if (mb.multi_document) d.layout = PackedLayout::FromSegments(as_tensor(mb.positions), as_tensor(mb.segments));
-    return d;
-  };
-  // The mean masked loss over every held-out row.
-  auto evaluate = [&]() -> double {
-    torch::Tensor total = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device));
-    int64_t count = 0;
-    MicroBatch eb;
-    for (int64_t first = 0; first < eval_data->num_rows(); first += cfg.batch_size) {
-      eval_data->Rows(first, std::min<int64_t>(cfg.batch_size, eval_data->num_rows() - first), &eb);
-      count += eb.loss_tokens;
-      auto d = upload(eb);
-      total += model.EvalLossSum(d.ids, d.labels, d.layout).to(torch::kDouble);
-    }
-    return total.item<double>() / static_cast<double>(std::max<int64_t>(count, 1));
-  };
+  bool Setup();
+  bool Step(int64_t step);
+  void Report(double loss, double norm, double lr, double dt, int64_t real_tokens, int64_t loss_tokens);
+  DeviceBatch Upload(MicroBatch& mb) const;
+  double Evaluate();  // the mean masked loss over every held-out row
+  // Writes a checkpoint of the current state unless it is the one last written or resumed from.
+  bool Checkpoint();
 
-  // The last step's checkpoint also holds the merged model when spec.lora.merge asks for it.
-  auto checkpoint = [&]() -> absl::Status {
-    if (cfg.checkpoint.dir.empty()) return absl::OkStatus();
-    const bool merged = model.lora() && cfg.lora.merge && state.step == cfg.steps;
-    // Nothing to write where the state is that of the checkpoint just written or resumed from
-    // (unless that one lacks the merged model this one should hold).
-    if (state.step == saved_step && (!merged || std::filesystem::exists(sum.last_checkpoint + "/merged"))) {
-      return absl::OkStatus();
-    }
-    auto dir = SaveCheckpoint(cfg.checkpoint.dir, state, model, opt, cfg.checkpoint.keep_last, merged,
-                              hooks.on_progress);
-    if (!dir.ok()) return dir.status();
-    sum.last_checkpoint = *dir;
-    saved_step = state.step;
-    log(absl::StrCat("checkpoint ", *dir));
-    return absl::OkStatus();
-  };
+  const TrainConfig& cfg_;
+  const RunHooks& hooks_;
+  RunSummary sum_;
+  torch::Device device_{torch::kCPU};
+  KernelChoice kernels_;
+  std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<TokenData> data_;
+  std::unique_ptr<TokenData> eval_data_;  // held-out rows, if any
+  std::optional<AdamW> opt_;
+  TrainerState state_;
+  int64_t saved_step_ = -1;  // the step of the checkpoint last written or resumed from
+  double peak_flops_ = 0, flops_per_token_ = 0;
+  int64_t tokens_per_step_ = 0;
+  MicroBatch host_;
+  bool phase_times_ = false;
+  std::vector<at::cuda::CUDAEvent> events_;  // phase boundaries (phase_times_)
+  std::unique_ptr<GpuMonitor> gpu_;          // NVML: energy over whole steps (too coarse for one)
+  EnergyWindow energy_;
+  std::optional<StepProfiler> profiler_;
+  int64_t profile_from_ = -1;
+  std::chrono::steady_clock::time_point profile_t0_;
+};
 
-  // FTD_PHASE_TIMES=1: GPU time of each phase of the step, from CUDA events (no extra syncs), on stderr.
-  const bool phase_times = device.is_cuda() && std::getenv("FTD_PHASE_TIMES") != nullptr;
-  std::vector<at::cuda::CUDAEvent> events;
-  for (int i = 0; phase_times && i < 4; ++i) events.emplace_back(cudaEventDefault);
-  auto mark = [&](size_t i) {
-    if (phase_times) events[i].record();
-  };
-  // NVML: energy over whole steps (its counter is too coarse for one short step).
-  std::unique_ptr<GpuMonitor> gpu;
-  if (device.is_cuda()) {
-    const auto* props = at::cuda::getDeviceProperties(device.index());
-    gpu = GpuMonitor::Open(absl::StrFormat("%04x:%02x:%02x.0", props->pciDomainID, props->pciBusID, props->pciDeviceID));
+double NowS() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+bool TrainingRun::Setup() {
+  const std::string dev_name = ResolveDevice(cfg_.device);
+  try {
+    device_ = torch::Device(dev_name);
+  } catch (const c10::Error&) {
+    return Fail(Outcome::kInvalidSpec, absl::StrCat("spec.device \"", cfg_.device, "\" is not a device name"));
+  }
+  if (device_.is_cuda()) c10::cuda::set_device(device_.index());
+  const bool bf16 = cfg_.dtype == "bf16" || (cfg_.dtype == "auto" && device_.is_cuda());
+  const torch::ScalarType dtype = bf16 ? torch::kBFloat16 : torch::kFloat;
+  kernels_ = cfg_.Kernels();  // where they run was checked (CheckEnvironment)
+
+  auto mc = ModelConfigFor(cfg_, device_.is_cuda());
+  if (!mc.ok()) return Fail(Outcome::kInvalidSpec, std::string(mc.status().message()));
+  auto model_or = LlamaModel::Create(*mc, device_, dtype, cfg_.seed);
+  if (!model_or.ok()) return Fail(Outcome::kInvalidSpec, std::string(model_or.status().message()));
+  model_ = *std::move(model_or);
+  LlamaModel& model = *model_;
+  model.SetKernels(kernels_, cfg_.kernel_tuning);
+  if (!cfg_.model.weights_path.empty()) {
+    ProgressMeter meter(hooks_.on_progress, ProgressPhase::kLoadWeights, 0);
+    if (auto s = model.LoadWeights(cfg_.model.weights_path, &meter); !s.ok()) {
+      return Fail(Outcome::kInvalidSpec, absl::StrCat("spec.model.weights_path: ", s.message()));
+    }
+    meter.Finish();
+  }
+  if (cfg_.lora.enabled) {
+    if (auto s = model.EnableLora(cfg_.lora, cfg_.seed); !s.ok()) return Fail(Outcome::kInvalidSpec, std::string(s.message()));
+  }
+  DataConfig data_cfg = cfg_.data;
+  if (data_cfg.tokenizer_path.empty()) data_cfg.tokenizer_path = cfg_.model.weights_path;
+  auto data_or = TokenData::Open(data_cfg, cfg_.seq_len, cfg_.batch_size, mc->vocab_size, hooks_.on_progress);
+  if (!data_or.ok()) return Fail(Outcome::kInvalidSpec, std::string(data_or.status().message()));
+  data_ = *std::move(data_or);
+  Log(absl::StrCat("data: ", data_->summary(), "; ", data_->num_rows(), " training rows"));
+  if (cfg_.data.has_eval()) {
+    auto e = TokenData::Open(data_cfg, cfg_.seq_len, cfg_.batch_size, mc->vocab_size, hooks_.on_progress,
+                             TokenData::Split::kEval);
+    if (!e.ok()) return Fail(Outcome::kInvalidSpec, std::string(e.status().message()));
+    eval_data_ = *std::move(e);
+    Log(absl::StrCat("held-out data: ", cfg_.data.eval_path.empty() ? "a seeded fraction of the rows" : eval_data_->summary(),
+                     "; ", eval_data_->num_rows(), " rows"));
+  }
+  opt_.emplace(model.trainable_parameters(), cfg_.optimizer, cfg_.fp32_master_weights, kernels_[KernelOp::kAdamW]);
+
+  state_.batch_size = cfg_.batch_size;
+  state_.seq_len = cfg_.seq_len;
+  state_.shuffle = cfg_.data.shuffle;
+  state_.data_seed = cfg_.data.seed;
+  state_.data_path = cfg_.data.path;
+  if (!cfg_.checkpoint.dir.empty() && cfg_.checkpoint.resume) {
+    auto latest = LatestCheckpoint(cfg_.checkpoint.dir);
+    if (!latest.ok()) return Fail(Outcome::kFailed, std::string(latest.status().message()));
+    if (latest->has_value()) {
+      if (auto s = LoadCheckpoint(**latest, &state_, &model, &*opt_, hooks_.on_progress); !s.ok()) {
+        return Fail(Outcome::kFailed, std::string(s.message()));
+      }
+      sum_.last_checkpoint = **latest;
+      saved_step_ = state_.step;
+      Log(absl::StrCat("resumed from ", **latest, " at step ", state_.step));
+    }
+  }
+  Log(absl::StrFormat("model: %.3fB parameters (%d layers, hidden %d, vocab %d), %s on %s, kernels %s; data: %d tokens",
+                      static_cast<double>(mc->NumParameters()) / 1e9, mc->num_hidden_layers, mc->hidden_size,
+                      mc->vocab_size, bf16 ? "bf16" : "fp32", device_.str(), kernels_.ToString(), data_->num_tokens()));
+  Log(absl::StrCat("predicted ", spec::PredictPeakMemory(*mc, cfg_, device_.is_cuda()).ToString()));
+  if (model.lora()) {
+    int64_t n = 0;
+    for (const auto& [name, t] : model.trainable_parameters()) n += t.numel();
+    Log(absl::StrFormat("LoRA: rank %d, alpha %g (scale %g), %s adapters on %s; %d trainable parameters, base frozen",
+                        cfg_.lora.rank, cfg_.lora.Alpha(), cfg_.lora.Scale(), cfg_.lora.dtype,
+                        absl::StrJoin(cfg_.lora.target_modules, ","), n));
+  }
+
+  peak_flops_ = cfg_.peak_flops.value_or(PeakFlops(device_));
+  flops_per_token_ = model.TrainingFlopsPerToken(cfg_.seq_len);
+  tokens_per_step_ = static_cast<int64_t>(cfg_.batch_size) * cfg_.seq_len * cfg_.grad_accum_steps;
+  sum_.steps_done = state_.step;
+
+  phase_times_ = device_.is_cuda() && hooks_.phase_times;
+  for (int i = 0; phase_times_ && i < 4; ++i) events_.emplace_back(cudaEventDefault);
+  if (device_.is_cuda()) {
+    const auto* props = at::cuda::getDeviceProperties(device_.index());
+    gpu_ = GpuMonitor::Open(absl::StrFormat("%04x:%02x:%02x.0", props->pciDomainID, props->pciBusID, props->pciDeviceID));
   } else {
-    gpu = GpuMonitor::Unavailable("a CPU run");
+    gpu_ = GpuMonitor::Unavailable("a CPU run");
   }
-  if (!gpu->available()) log(absl::StrCat("GPU power and energy unavailable: ", gpu->reason()));
-  EnergyWindow energy;
-  auto now_s = [] { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); };
-  if (gpu->available()) energy.Start(now_s(), gpu->Read().energy_j, state.tokens_total, state.step);
-  StepProfiler profiler(device.is_cuda());
-  const int64_t profile_from = cfg.profile.enabled ? cfg.profile.warmup_steps : -1;
-  std::chrono::steady_clock::time_point profile_t0;
-  for (int64_t step = state.step; step < cfg.steps; ++step) {
-    if (step == profile_from) {
-      if (device.is_cuda()) torch::cuda::synchronize(device.index());
-      log(absl::StrCat("profiling steps ", step + 1, " to ", cfg.steps));
-      profiler.Start();
-      profile_t0 = std::chrono::steady_clock::now();
-    }
-    if (hooks.stop != nullptr && hooks.stop->load()) {
-      if (hooks.skip_checkpoint != nullptr && hooks.skip_checkpoint->load()) {
-        return fail(Outcome::kCancelled, absl::StrCat("stopped on request after step ", state.step,
-                                                      ", without a checkpoint"));
-      }
-      if (auto s = checkpoint(); !s.ok()) return fail(Outcome::kFailed, std::string(s.message()));
-      return fail(Outcome::kCancelled, absl::StrCat("stopped on request after step ", state.step));
-    }
-    const auto t0 = std::chrono::steady_clock::now();
-    if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
-    // Fetch every micro-batch first: the loss is normalised by the step's non-ignored tokens.
-    std::vector<DeviceBatch> batches;
-    int64_t real_tokens = 0, loss_tokens = 0;
-    for (int32_t a = 0; a < cfg.grad_accum_steps; ++a) {
-      data.Batch(state.micro_batches + a, &host);
-      real_tokens += host.real_tokens;
-      loss_tokens += host.loss_tokens;
-      batches.push_back(upload(host));
-    }
-    mark(0);
-    // The step's unmasked labels, counted on the host as the batches were built.
-    torch::Tensor count = torch::full({}, static_cast<double>(std::max<int64_t>(loss_tokens, 1)),
-                                      torch::TensorOptions().dtype(torch::kFloat).device(device));
-    torch::Tensor loss_acc = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(device));
-    for (auto& b : batches) {
-      torch::Tensor loss;
-      {
-        RECORD_USER_SCOPE(kPhaseForward);
-        loss = model.LossMean(b.ids, b.labels, count, b.layout);
-      }
-      {
-        RECORD_USER_SCOPE(kPhaseBackward);
-        loss.backward();
-      }
-      loss_acc += loss.detach();
-    }
-    mark(1);
-    at::RecordFunction optimizer_scope(at::RecordScope::USER_SCOPE);
-    if (optimizer_scope.isActive()) optimizer_scope.before(kPhaseOptimizer);
-    auto norm = opt.GradNorm();
-    // The finite check runs on the device: a non-finite loss or norm skips the update inside the
-    // fused kernel (found_inf), so the host synchronises once per step, after the optimizer's
-    // kernels are queued, rather than between backward and the update.
-    auto found_inf = torch::logical_not(torch::isfinite(loss_acc).logical_and(torch::isfinite(norm))).to(torch::kFloat);
-    if (cfg.optimizer.grad_clip > 0) opt.Clip(norm, cfg.optimizer.grad_clip);
-    const double lr = LearningRate(cfg.optimizer, cfg.schedule, step, cfg.steps);
-    mark(2);
-    opt.Step(lr, found_inf);
-    opt.ZeroGrad();
-    optimizer_scope.end();
-    mark(3);
-    auto both = torch::stack({loss_acc, norm}).to(torch::kCPU);
-    const double loss_v = both[0].item<double>(), norm_v = both[1].item<double>();
-    if (!std::isfinite(loss_v) || !std::isfinite(norm_v)) {
-      sum.final_loss = loss_v;
-      if (auto s = checkpoint(); !s.ok()) return fail(Outcome::kFailed, std::string(s.message()));
-      return fail(Outcome::kNonFinite, absl::StrCat("non-finite ", std::isfinite(loss_v) ? "gradient norm" : "loss",
-                                                    " at step ", step + 1, " (loss ", loss_v, ", grad norm ", norm_v,
-                                                    "); the update was skipped (lower optimizer.lr or use grad_clip)"));
-    }
-    if (device.is_cuda()) torch::cuda::synchronize(device.index());
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (phase_times) {
-      log(absl::StrFormat("phases step %d: forward+backward %.2f ms, norm+clip %.2f ms, optimizer %.2f ms, wall %.2f ms",
-                          step + 1, events[0].elapsed_time(events[1]), events[1].elapsed_time(events[2]),
-                          events[2].elapsed_time(events[3]), dt * 1e3));
-    }
+  if (!gpu_->available()) Log(absl::StrCat("GPU power and energy unavailable: ", gpu_->reason()));
+  if (gpu_->available()) energy_.Start(NowS(), gpu_->Read().energy_j, state_.tokens_total, state_.step);
+  profiler_.emplace(device_.is_cuda());
+  profile_from_ = cfg_.profile.enabled ? cfg_.profile.warmup_steps : -1;
+  return true;
+}
 
-    state.step = step + 1;
-    state.micro_batches += cfg.grad_accum_steps;
-    state.tokens_total += tokens_per_step;
-    sum.steps_done = state.step;
-    sum.final_loss = loss_v;
+TrainingRun::DeviceBatch TrainingRun::Upload(MicroBatch& mb) const {
+  auto as_tensor = [&](std::vector<int64_t>& v) {
+    return torch::from_blob(v.data(), {mb.rows, mb.seq}, torch::kInt64).clone().to(device_);
+  };
+  DeviceBatch d{as_tensor(mb.input_ids), as_tensor(mb.labels), {}};
+  if (mb.multi_document) d.layout = PackedLayout::FromSegments(as_tensor(mb.positions), as_tensor(mb.segments));
+  return d;
+}
 
-    StepMetrics m;
-    m.step = state.step;
-    m.total_steps = cfg.steps;
-    m.loss = loss_v;
-    m.grad_norm = norm_v;
-    m.lr = lr;
-    m.tokens = tokens_per_step;
-    m.tokens_total = state.tokens_total;
-    m.step_time_s = dt;
-    m.tokens_per_s = static_cast<double>(tokens_per_step) / dt;
-    m.real_tokens = real_tokens;
-    m.loss_tokens = loss_tokens;
-    if (eval_data &&
-        ((cfg.data.eval_every_steps > 0 && state.step % cfg.data.eval_every_steps == 0) || state.step == cfg.steps)) {
-      m.eval_loss = evaluate();
-      sum.final_eval_loss = m.eval_loss;
-    }
-    if (device.is_cuda()) {
-      const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
-      const auto agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
-      m.peak_mem_allocated_bytes = static_cast<uint64_t>(stats.allocated_bytes[agg].peak);
-      m.peak_mem_reserved_bytes = static_cast<uint64_t>(stats.reserved_bytes[agg].peak);
-    }
-    m.peak_rss_bytes = PeakRss();
-    m.mfu = peak > 0 ? flops_per_token * m.tokens_per_s / peak : 0.0;
-    if (gpu->available()) {
-      const auto sample = gpu->Read();
-      if (sample.ok) {
-        energy.AddStep(now_s(), sample.energy_j, state.tokens_total, state.step);
-        const auto es = energy.Current();
-        m.nvml_available = true;
-        m.energy_total_j = es.energy_total_j;
-        m.step_energy_j = es.step_energy_j;
-        m.joules_per_token = es.joules_per_token;
-        m.power_w = es.power_w;
-        m.gpu_utilization = sample.utilization;
-        m.gpu_memory_used_bytes = sample.memory_used_bytes;
-      }
-    }
-    if (hooks.on_step_done) hooks.on_step_done(state.step);
-    if (hooks.on_step && (state.step % cfg.log_every == 0 || state.step == cfg.steps || m.eval_loss)) hooks.on_step(m);
-    if (profile_from >= 0 && state.step == cfg.steps) {
-      const double wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - profile_t0).count();
-      const int profiled = static_cast<int>(cfg.steps - profile_from);
-      auto summary = profiler.Stop(profiled, wall_ms / profiled, cfg.profile.trace_path);
-      log(absl::StrFormat("profile: %d steps, %.1f ms device time per step (%s), %d ops", profiled,
-                          summary.step_device_ms, summary.device, summary.ops.size()));
-      if (hooks.on_profile) hooks.on_profile(summary);
-    }
+double TrainingRun::Evaluate() {
+  torch::Tensor total = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device_));
+  int64_t count = 0;
+  MicroBatch eb;
+  for (int64_t first = 0; first < eval_data_->num_rows(); first += cfg_.batch_size) {
+    eval_data_->Rows(first, std::min<int64_t>(cfg_.batch_size, eval_data_->num_rows() - first), &eb);
+    count += eb.loss_tokens;
+    auto d = Upload(eb);
+    total += model_->EvalLossSum(d.ids, d.labels, d.layout).to(torch::kDouble);
+  }
+  return total.item<double>() / static_cast<double>(std::max<int64_t>(count, 1));
+}
 
-    if (cfg.checkpoint.every_steps > 0 && state.step % cfg.checkpoint.every_steps == 0 && state.step < cfg.steps) {
-      if (auto s = checkpoint(); !s.ok()) return fail(Outcome::kFailed, std::string(s.message()));
+bool TrainingRun::Checkpoint() {
+  if (cfg_.checkpoint.dir.empty()) return true;
+  // The last step's checkpoint also holds the merged model when spec.lora.merge asks for it.
+  const bool merged = model_->lora() && cfg_.lora.merge && state_.step == cfg_.steps;
+  // Nothing to write where the state is that of the checkpoint just written or resumed from
+  // (unless that one lacks the merged model this one should hold).
+  if (state_.step == saved_step_ && (!merged || std::filesystem::exists(sum_.last_checkpoint + "/merged"))) {
+    return true;
+  }
+  auto dir = SaveCheckpoint(cfg_.checkpoint.dir, state_, *model_, *opt_, cfg_.checkpoint.keep_last, merged,
+                            hooks_.on_progress);
+  if (!dir.ok()) return Fail(Outcome::kFailed, std::string(dir.status().message()));
+  sum_.last_checkpoint = *dir;
+  saved_step_ = state_.step;
+  Log(absl::StrCat("checkpoint ", *dir));
+  return true;
+}
+
+bool TrainingRun::Step(int64_t step) {
+  auto mark = [&](size_t i) {
+    if (phase_times_) events_[i].record();
+  };
+  if (step == profile_from_) {
+    if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
+    Log(absl::StrCat("profiling steps ", step + 1, " to ", cfg_.steps));
+    profiler_->Start();
+    profile_t0_ = std::chrono::steady_clock::now();
+  }
+  if (hooks_.stop != nullptr && hooks_.stop->load()) {
+    if (hooks_.skip_checkpoint != nullptr && hooks_.skip_checkpoint->load()) {
+      return Fail(Outcome::kCancelled, absl::StrCat("stopped on request after step ", state_.step, ", without a checkpoint"));
+    }
+    if (!Checkpoint()) return false;
+    return Fail(Outcome::kCancelled, absl::StrCat("stopped on request after step ", state_.step));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  if (device_.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device_.index());
+  // Fetch every micro-batch first: the loss is normalised by the step's non-ignored tokens.
+  std::vector<DeviceBatch> batches;
+  int64_t real_tokens = 0, loss_tokens = 0;
+  for (int32_t a = 0; a < cfg_.grad_accum_steps; ++a) {
+    data_->Batch(state_.micro_batches + a, &host_);
+    real_tokens += host_.real_tokens;
+    loss_tokens += host_.loss_tokens;
+    batches.push_back(Upload(host_));
+  }
+  mark(0);
+  // The step's unmasked labels, counted on the host as the batches were built.
+  torch::Tensor count = torch::full({}, static_cast<double>(std::max<int64_t>(loss_tokens, 1)),
+                                    torch::TensorOptions().dtype(torch::kFloat).device(device_));
+  torch::Tensor loss_acc = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
+  for (auto& b : batches) {
+    torch::Tensor loss;
+    {
+      RECORD_USER_SCOPE(kPhaseForward);
+      loss = model_->LossMean(b.ids, b.labels, count, b.layout);
+    }
+    {
+      RECORD_USER_SCOPE(kPhaseBackward);
+      loss.backward();
+    }
+    loss_acc += loss.detach();
+  }
+  mark(1);
+  at::RecordFunction optimizer_scope(at::RecordScope::USER_SCOPE);
+  if (optimizer_scope.isActive()) optimizer_scope.before(kPhaseOptimizer);
+  auto norm = opt_->GradNorm();
+  // The finite check runs on the device: a non-finite loss or norm skips the update inside the
+  // fused kernel (found_inf), so the host synchronises once per step, after the optimizer's
+  // kernels are queued, rather than between backward and the update.
+  auto found_inf = torch::logical_not(torch::isfinite(loss_acc).logical_and(torch::isfinite(norm))).to(torch::kFloat);
+  if (cfg_.optimizer.grad_clip > 0) opt_->Clip(norm, cfg_.optimizer.grad_clip);
+  const double lr = LearningRate(cfg_.optimizer, cfg_.schedule, step, cfg_.steps);
+  mark(2);
+  opt_->Step(lr, found_inf);
+  opt_->ZeroGrad();
+  optimizer_scope.end();
+  mark(3);
+  auto both = torch::stack({loss_acc, norm}).to(torch::kCPU);
+  const double loss_v = both[0].item<double>(), norm_v = both[1].item<double>();
+  if (!std::isfinite(loss_v) || !std::isfinite(norm_v)) {
+    sum_.final_loss = loss_v;
+    if (!Checkpoint()) return false;
+    return Fail(Outcome::kNonFinite, absl::StrCat("non-finite ", std::isfinite(loss_v) ? "gradient norm" : "loss",
+                                                  " at step ", step + 1, " (loss ", loss_v, ", grad norm ", norm_v,
+                                                  "); the update was skipped (lower optimizer.lr or use grad_clip)"));
+  }
+  if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (phase_times_) {
+    Log(absl::StrFormat("phases step %d: forward+backward %.2f ms, norm+clip %.2f ms, optimizer %.2f ms, wall %.2f ms",
+                        step + 1, events_[0].elapsed_time(events_[1]), events_[1].elapsed_time(events_[2]),
+                        events_[2].elapsed_time(events_[3]), dt * 1e3));
+  }
+  state_.step = step + 1;
+  state_.micro_batches += cfg_.grad_accum_steps;
+  state_.tokens_total += tokens_per_step_;
+  sum_.steps_done = state_.step;
+  sum_.final_loss = loss_v;
+  Report(loss_v, norm_v, lr, dt, real_tokens, loss_tokens);
+  if (cfg_.checkpoint.every_steps > 0 && state_.step % cfg_.checkpoint.every_steps == 0 && state_.step < cfg_.steps) {
+    return Checkpoint();
+  }
+  return true;
+}
+
+void TrainingRun::Report(double loss, double norm, double lr, double dt, int64_t real_tokens, int64_t loss_tokens) {
+  StepMetrics m;
+  m.step = state_.step;
+  m.total_steps = cfg_.steps;
+  m.loss = loss;
+  m.grad_norm = norm;
+  m.lr = lr;
+  m.tokens = tokens_per_step_;
+  m.tokens_total = state_.tokens_total;
+  m.step_time_s = dt;
+  m.tokens_per_s = static_cast<double>(tokens_per_step_) / dt;
+  m.real_tokens = real_tokens;
+  m.loss_tokens = loss_tokens;
+  if (eval_data_ &&
+      ((cfg_.data.eval_every_steps > 0 && state_.step % cfg_.data.eval_every_steps == 0) || state_.step == cfg_.steps)) {
+    m.eval_loss = Evaluate();
+    sum_.final_eval_loss = m.eval_loss;
+  }
+  if (device_.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index());
+    const auto agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    m.peak_mem_allocated_bytes = static_cast<uint64_t>(stats.allocated_bytes[agg].peak);
+    m.peak_mem_reserved_bytes = static_cast<uint64_t>(stats.reserved_bytes[agg].peak);
+  }
+  m.peak_rss_bytes = PeakRss();
+  m.mfu = peak_flops_ > 0 ? flops_per_token_ * m.tokens_per_s / peak_flops_ : 0.0;
+  if (gpu_->available()) {
+    const auto sample = gpu_->Read();
+    if (sample.ok) {
+      energy_.AddStep(NowS(), sample.energy_j, state_.tokens_total, state_.step);
+      const auto es = energy_.Current();
+      m.nvml_available = true;
+      m.energy_total_j = es.energy_total_j;
+      m.step_energy_j = es.step_energy_j;
+      m.joules_per_token = es.joules_per_token;
+      m.power_w = es.power_w;
+      m.gpu_utilization = sample.utilization;
+      m.gpu_memory_used_bytes = sample.memory_used_bytes;
     }
   }
-  if (auto s = checkpoint(); !s.ok()) return fail(Outcome::kFailed, std::string(s.message()));
-  sum.outcome = Outcome::kSucceeded;
-  sum.message = absl::StrCat("trained ", state.step, " steps");
-  return sum;
+  if (hooks_.on_step_done) hooks_.on_step_done(state_.step);
+  if (hooks_.on_step && (state_.step % cfg_.log_every == 0 || state_.step == cfg_.steps || m.eval_loss)) {
+    hooks_.on_step(m);
+  }
+  if (profile_from_ >= 0 && state_.step == cfg_.steps) {
+    const double wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - profile_t0_).count();
+    const int profiled = static_cast<int>(cfg_.steps - profile_from_);
+    auto summary = profiler_->Stop(profiled, wall_ms / profiled, cfg_.profile.trace_path);
+    Log(absl::StrFormat("profile: %d steps, %.1f ms device time per step (%s), %d ops", profiled,
+                        summary.step_device_ms, summary.device, summary.ops.size()));
+    if (hooks_.on_profile) hooks_.on_profile(summary);
+  }
 }
 
 }  // namespace
@@ -407,14 +426,8 @@ RunSummary RunTraining(const TrainConfig& config, const RunHooks& hooks) {
     cfg.steps = cfg.profile.warmup_steps + cfg.profile.steps;
     cfg.checkpoint.dir.clear();
   }
-  if (auto s = cfg.Validate(); !s.ok()) {
-    RunSummary sum;
-    sum.outcome = Outcome::kInvalidSpec;
-    sum.message = std::string(s.message());
-    return sum;
-  }
   try {
-    return Run(cfg, hooks);
+    return TrainingRun(cfg, hooks).Run();
   } catch (const c10::OutOfMemoryError& e) {
     RunSummary sum;
     sum.outcome = Outcome::kOutOfMemory;
