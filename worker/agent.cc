@@ -111,16 +111,16 @@ int RunAgent(const AgentOptions& opts, std::atomic<bool>* stop, const std::atomi
         p.set_phase("train");
       });
     };
-    hooks.on_progress = [&](const engine::Progress& e) {
-      moved([&e](ftd::v1::PhaseProgress& p) {
-        p.set_phase(engine::ProgressPhaseName(e.phase));
-        p.set_done_bytes(e.done_bytes);
-        p.set_total_bytes(e.total_bytes);
-      });
-    };
     hooks.stop = stop;
     hooks.skip_checkpoint = skip_checkpoint;
+    // A load or checkpoint write that moved: sent at once (the daemon postpones a stop's kill while
+    // a checkpoint write moves) and kept for the heartbeat thread (the progress watchdog).
     hooks.on_progress = [&](const engine::Progress& p) {
+      moved([&p](ftd::v1::PhaseProgress& pp) {
+        pp.set_phase(engine::ProgressPhaseName(p.phase));
+        pp.set_done_bytes(static_cast<int64_t>(p.done_bytes));
+        pp.set_total_bytes(static_cast<int64_t>(p.total_bytes));
+      });
       ftd::v1::WorkerMessage msg;
       msg.mutable_progress()->set_phase(engine::ProgressPhaseName(p.phase));
       msg.mutable_progress()->set_done_bytes(static_cast<int64_t>(p.done_bytes));
