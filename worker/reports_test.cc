@@ -50,7 +50,7 @@ TEST(Reports, EveryStepMetricReachesTheReport) {
 TEST(Reports, EveryOutcomeHasItsRunResultValueAndBack) {
   std::set<int> mapped;
   for (const auto& o : spec::kOutcomes) {
-    ftd::v1::RunResult::Outcome p;
+    ftd::v1::RunResult::Outcome p = ftd::v1::RunResult::OUTCOME_UNSPECIFIED;
     ASSERT_TRUE(ftd::v1::RunResult::Outcome_Parse(std::string(o.name), &p)) << o.name << " is not a RunResult outcome";
     EXPECT_EQ(ToProto(o.outcome), p);
     EXPECT_TRUE(mapped.insert(p).second);
