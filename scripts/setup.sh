@@ -12,7 +12,7 @@ cd "$root"
 debs=(build-essential cmake ninja-build pkg-config git python3 python3-venv
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
       prometheus-cpp-dev libsqlite3-dev sqlite3 libgtest-dev libgmock-dev nlohmann-json3-dev libcli11-dev
-      libpcre2-dev libyaml-cpp-dev prometheus)
+      libpcre2-dev libyaml-cpp-dev openssl prometheus)
 missing=()
 for p in "${debs[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
 if ((${#missing[@]})); then
