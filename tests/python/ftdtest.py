@@ -80,6 +80,12 @@ def max_rel_err(ours, ref):
     return ((ours - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
 
 
+def norm_rel_err(ours, ref):
+    """||ours - ref|| / ||ref|| (Frobenius) over the tensor (docs/testing.md)."""
+    ours, ref = ours.double(), ref.double()
+    return ((ours - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
 def schedule_lr(step, total, lr, kind, warmup, min_ratio):
     """The documented schedule (docs/job-spec.md), written out independently of the engine: linear
     warm-up to lr over `warmup` steps, then constant, or cosine from lr to min_ratio*lr reached at the

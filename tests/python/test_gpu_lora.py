@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ftdtest import CONFIGS, make_hf_model, max_rel_err, run_parity, run_worker, write_tokens
+from ftdtest import CONFIGS, make_hf_model, max_rel_err, norm_rel_err, run_parity, run_worker, write_tokens
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible")
 
@@ -27,7 +27,7 @@ def _peft_setup(name, tmp_path, seed):
                                             init_lora_weights=False, task_type="CAUSAL_LM"))
     model.save_pretrained(tmp_path / "a")
     vocab = CONFIGS[name]["vocab_size"]
-    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    g = torch.Generator().manual_seed(seed + 2)
     ids = torch.randint(0, vocab, (2, 37), generator=g)
     labels = torch.randint(0, vocab, (2, 37), generator=g)
     labels[0, :5] = -100
@@ -68,7 +68,9 @@ def test_lora_fused_fp32_matches_peft_on_gpu(tmp_path, name):
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_lora_fused_bf16_is_as_close_to_fp32_as_eager(tmp_path, name):
     """bf16 base, fp32 adapters: the fused set is no further from the fp32 PEFT reference than the
-    eager set (PEFT's own per-module path): logits, loss and every adapter gradient."""
+    eager set (PEFT's own per-module path): logits, loss and every adapter gradient. Gradients are
+    compared by their norm-wise relative error: the largest single-element error of a bf16 gradient
+    is one rounding draw and swings by 2x between seeds for either set."""
     model, ids, labels = _peft_setup(name, tmp_path, 4)
     ref_logits, ref_loss, ref_grads = _peft_reference(model, ids, labels)
     eager = run_parity(tmp_path / "m", ids, labels, tmp_path, "cuda", "bf16", "eager", tmp_path / "a")
@@ -77,7 +79,7 @@ def test_lora_fused_bf16_is_as_close_to_fp32_as_eager(tmp_path, name):
     def errs(o):
         e = {"logits": max_rel_err(o["logits"], ref_logits),
              "loss": abs(o["loss"].item() - ref_loss.item()) / ref_loss.item()}
-        e.update({n: max_rel_err(o["grad." + n], g) for n, g in ref_grads.items()})
+        e.update({n: norm_rel_err(o["grad." + n], g) for n, g in ref_grads.items()})
         return e
     ee, ef = errs(eager), errs(fused)
     for k in ee:
