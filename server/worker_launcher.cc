@@ -30,8 +30,10 @@ absl::StatusOr<int64_t> ProcessLauncher::Launch(const LaunchRequest& req) {
   fs::create_directories(dir, ec);
   SpawnRequest s;
   s.binary = cfg_.worker_binary;
-  s.args = {"agent", "--address", cfg_.worker_address, "--job", req.job_id, "--attempt", absl::StrCat(req.attempt),
-            "--token", req.token};
+  s.args = {"agent", "--address", cfg_.worker_address, "--job", req.job_id, "--attempt", absl::StrCat(req.attempt)};
+  // In the environment, not argv: /proc/PID/cmdline is readable by everyone (`ps`), environ only by
+  // the process's owner.
+  s.env.emplace_back(kAttemptTokenEnv, req.token);
   s.log_path = (dir / "worker.log").string();
   if (req.slot.rfind("gpu:", 0) == 0) s.env.emplace_back("CUDA_VISIBLE_DEVICES", req.slot.substr(4));
   s.env.emplace_back("FTD_SLOT", req.slot);

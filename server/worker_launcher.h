@@ -23,6 +23,9 @@ namespace ftd::server {
 
 class Supervisor;
 
+// The environment variable that carries the attempt's token to the worker (never its command line).
+inline constexpr char kAttemptTokenEnv[] = "FTD_ATTEMPT_TOKEN";
+
 struct LaunchRequest {
   std::string job_id;
   int attempt = 0;
@@ -62,8 +65,8 @@ struct ProcessLauncherConfig {
   WorkerCgroups* cgroups = nullptr;  // a memory-limited cgroup per worker; nullptr: none (outlives the launcher)
 };
 
-// `<worker_binary> agent --address A --job J --attempt N --token T`, in a process group of its own,
-// CUDA_VISIBLE_DEVICES set to its GPU, output appended to jobs/<id>/worker.log, in a cgroup of its
+// `<worker_binary> agent --address A --job J --attempt N` with the token in $FTD_ATTEMPT_TOKEN, in a
+// process group of its own, CUDA_VISIBLE_DEVICES set to its GPU, output appended to jobs/<id>/worker.log, in a cgroup of its
 // own when `cgroups` is set. The exit it reports says whether the kernel's OOM killer ended it.
 class ProcessLauncher final : public WorkerLauncher {
  public:

@@ -4,6 +4,8 @@
 // while checkpoints are written. Logs go to stderr. Exit codes: 0 succeeded, 1 failed, 2 invalid
 // spec, 3 GPU out of memory, 4 non-finite loss or gradient, 5 stopped by SIGINT/SIGTERM (after
 // checkpointing, if configured).
+#include <stdlib.h>
+
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -249,7 +251,7 @@ int main(int argc, char** argv) {
   agent->add_option("--address", agent_opts.address, "the daemon's worker socket")->required();
   agent->add_option("--job", agent_opts.job_id, "job id")->required();
   agent->add_option("--attempt", agent_opts.attempt, "attempt number")->required();
-  agent->add_option("--token", agent_opts.token, "attempt token")->required();
+  // The attempt's token comes in $FTD_ATTEMPT_TOKEN: a command line shows in `ps`.
   auto* prepare = app.add_subcommand("prepare", "Tokenize a spec's JSONL dataset once into the prepared-dataset cache "
                                                 "that jobs reuse (docs/data-format.md)");
   prepare->add_option("spec", spec_path, "TrainSpec JSON file (docs/job-spec.md)")->required();
@@ -261,6 +263,13 @@ int main(int argc, char** argv) {
   if (*prepare) return Prepare(spec_path, sets, !no_progress);
   if (*tokenize->cmd) return ftd::data::RunTokenizeCommand(*tokenize);
   if (*agent) {
+    const char* token = std::getenv("FTD_ATTEMPT_TOKEN");
+    if (token == nullptr || *token == '\0') {
+      std::cerr << "ftd-worker agent: $FTD_ATTEMPT_TOKEN is not set (ftd starts agents; not for use by hand)\n";
+      return 2;
+    }
+    agent_opts.token = token;
+    ::unsetenv("FTD_ATTEMPT_TOKEN");  // not inherited by anything the worker starts
     std::signal(SIGINT, OnSignal);
     std::signal(SIGTERM, OnSignal);
     std::signal(SIGUSR1, OnStopWithoutCheckpoint);

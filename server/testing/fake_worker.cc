@@ -77,10 +77,10 @@ int main(int argc, char** argv) {
     if (k == "--address") address = v;
     if (k == "--job") job_id = v;
     if (k == "--attempt") attempt = std::atoi(v.c_str());
-    if (k == "--token") token = v;
   }
+  if (const char* t = std::getenv("FTD_ATTEMPT_TOKEN"); t != nullptr) token = t;  // left for the real worker
   if (argc < 2 || std::string(argv[1]) != "agent" || address.empty() || job_id.empty()) {
-    return Fail("usage: ftd-fake-worker agent --address A --job J --attempt N --token T");
+    return Fail("usage: FTD_ATTEMPT_TOKEN=T ftd-fake-worker agent --address A --job J --attempt N");
   }
   auto stub = ftd::v1::WorkerService::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   ftd::v1::WorkerHello hello;
