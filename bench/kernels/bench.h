@@ -48,5 +48,6 @@ void BenchRope(const BenchConfig& cfg, std::vector<Row>& rows);
 void BenchAdamW(const BenchConfig& cfg, std::vector<Row>& rows);
 void BenchCrossEntropy(const BenchConfig& cfg, std::vector<Row>& rows);
 void BenchFusedLinearCrossEntropy(const BenchConfig& cfg, std::vector<Row>& rows);
+void BenchFp8Cast(const BenchConfig& cfg, std::vector<Row>& rows);
 
 }  // namespace ftd::bench

@@ -42,6 +42,7 @@ constexpr Family kFamilies[] = {
     {"adamw", ftd::bench::BenchAdamW},
     {"cross_entropy", ftd::bench::BenchCrossEntropy},
     {"fused_linear_ce", ftd::bench::BenchFusedLinearCrossEntropy},
+    {"fp8_cast", ftd::bench::BenchFp8Cast},
 };
 
 constexpr const char* kUsage =
