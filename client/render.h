@@ -27,7 +27,31 @@ std::string JobsTable(const std::vector<ftd::v1::Job>& jobs, int64_t now_unix_ms
 // "key: value" lines describing one job (its duration as of `now_unix_ms`).
 std::string JobText(const ftd::v1::Job& job, int64_t now_unix_ms);
 // One line per event: state changes, steps (step/total, loss, tokens/s, memory, ETA), logs, result.
-std::string EventLine(const ftd::v1::JobEvent& e);
+// The ETA uses `smoothed_step_time_s` when > 0 (see StepTimeEwma), else the step's own time.
+std::string EventLine(const ftd::v1::JobEvent& e, double smoothed_step_time_s = -1);
+
+// The step time behind an ETA: an exponentially weighted moving average over the step reports, so
+// that one slow step (a checkpoint, an evaluation) does not swing the estimate. A report seen again
+// (a watch resumed) is not counted twice.
+class StepTimeEwma {
+ public:
+  explicit StepTimeEwma(double alpha = 0.2) : alpha_(alpha) {}
+  void Add(const ftd::v1::StepReport& s);
+  double seconds() const { return value_; }  // < 0 before the first report
+
+ private:
+  double alpha_;
+  double value_ = -1;
+  int64_t last_step_ = 0;
+};
+
+// The step line for a terminal `width` columns wide: step, loss, ETA, tokens/s, memory, then the
+// rest, each field whole while it fits; shorter than `width` (a full last column would wrap on some
+// terminals), cut if even the first field does not fit.
+std::string LiveStepLine(const ftd::v1::StepReport& s, double smoothed_step_time_s, int width);
+
+// Columns of the terminal on `fd` (TIOCGWINSZ), else $COLUMNS, else 80.
+int TerminalColumns(int fd);
 
 // Two profiles side by side, per (phase, op): device ms of A and B, the difference, calls; the
 // `top` rows with the largest time in either (0: all), then the categories.

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <sstream>
 
 namespace ftd::client {
@@ -35,6 +36,87 @@ TEST(Render, StepLineShowsProgressThroughputMemoryAndEta) {
   EXPECT_NE(line.find("8192 tokens/s"), std::string::npos) << line;
   EXPECT_NE(line.find("gpu 3.0 GiB / 4.0 GiB reserved"), std::string::npos) << line;
   EXPECT_NE(line.find("eta 30s"), std::string::npos) << line;  // 20 steps left x 1.5 s
+}
+
+ftd::v1::StepReport WideStep() {
+  ftd::v1::StepReport s;
+  s.set_step(10);
+  s.set_total_steps(30);
+  s.set_loss(2.5);
+  s.set_grad_norm(0.75);
+  s.set_lr(1e-4);
+  s.set_tokens_per_s(8192);
+  s.set_step_time_s(1.5);
+  s.set_peak_mem_allocated_bytes(3ull << 30);
+  s.set_peak_mem_reserved_bytes(4ull << 30);
+  s.set_mfu(0.41);
+  s.set_nvml_available(true);
+  s.set_power_w(650);
+  s.set_joules_per_token(0.08);
+  return s;
+}
+
+TEST(Render, LiveLineFitsTheTerminalKeepingTheMostImportantFields) {
+  const auto s = WideStep();
+  for (int width : {200, 120, 80, 60, 40, 30, 20, 10, 2}) {
+    const std::string line = LiveStepLine(s, -1, width);
+    EXPECT_LT(line.size(), static_cast<size_t>(width)) << width << ": " << line;
+    EXPECT_EQ(line.find('\n'), std::string::npos);
+  }
+  const std::string wide = LiveStepLine(s, -1, 200);
+  EXPECT_EQ(wide, EventLine([&] {
+              ftd::v1::JobEvent e;
+              *e.mutable_step() = s;
+              return e;
+            }()));
+  EXPECT_NE(wide.find("650 W"), std::string::npos) << wide;
+  const std::string line80 = LiveStepLine(s, -1, 80);
+  EXPECT_EQ(line80.rfind("step 10/30  loss 2.5000  eta 30s  8192 tokens/s", 0), 0u) << line80;
+  EXPECT_EQ(line80.find("650 W"), std::string::npos) << "the least important field goes first: " << line80;
+  EXPECT_EQ(LiveStepLine(s, -1, 40), "step 10/30  loss 2.5000  eta 30s");
+  EXPECT_EQ(LiveStepLine(s, -1, 8), "step 10");  // not even the first field fits: cut
+}
+
+TEST(Render, EtaUsesTheSmoothedStepTime) {
+  StepTimeEwma ewma(0.5);
+  EXPECT_LT(ewma.seconds(), 0);
+  ftd::v1::StepReport s;
+  s.set_total_steps(100);
+  s.set_step(1);
+  s.set_step_time_s(1.0);
+  ewma.Add(s);
+  EXPECT_DOUBLE_EQ(ewma.seconds(), 1.0);
+  s.set_step(2);
+  s.set_step_time_s(9.0);  // one slow step (a checkpoint)
+  ewma.Add(s);
+  EXPECT_DOUBLE_EQ(ewma.seconds(), 5.0);
+  ewma.Add(s);  // the same report again (a watch resumed): not counted twice
+  EXPECT_DOUBLE_EQ(ewma.seconds(), 5.0);
+  s.set_step(3);
+  s.set_step_time_s(1.0);
+  ewma.Add(s);
+  EXPECT_DOUBLE_EQ(ewma.seconds(), 3.0);
+  s.set_step(4);
+  s.set_step_time_s(0);  // no time measured: ignored
+  ewma.Add(s);
+  EXPECT_DOUBLE_EQ(ewma.seconds(), 3.0);
+  // 96 steps left: 96 x 3 s with the average, 96 x 1 s with the last step's time alone.
+  s.set_step_time_s(1.0);
+  EXPECT_NE(LiveStepLine(s, ewma.seconds(), 200).find("eta 4m48s"), std::string::npos) << LiveStepLine(s, ewma.seconds(), 200);
+  ftd::v1::JobEvent e;
+  *e.mutable_step() = s;
+  EXPECT_NE(EventLine(e, ewma.seconds()).find("eta 4m48s"), std::string::npos);
+  EXPECT_NE(EventLine(e).find("eta 1m36s"), std::string::npos);
+}
+
+TEST(Render, TerminalColumnsFallsBackToColumnsThen80) {
+  const int not_a_terminal = -1;
+  setenv("COLUMNS", "132", 1);
+  EXPECT_EQ(TerminalColumns(not_a_terminal), 132);
+  setenv("COLUMNS", "junk", 1);
+  EXPECT_EQ(TerminalColumns(not_a_terminal), 80);
+  unsetenv("COLUMNS");
+  EXPECT_EQ(TerminalColumns(not_a_terminal), 80);
 }
 
 TEST(Render, TableColumnsLineUp) {
