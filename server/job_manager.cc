@@ -274,8 +274,9 @@ std::vector<std::string> JobManager::FreeSlotsLocked() const {
 // Client API
 
 absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::SubmitWith(
-    const ftd::v1::SubmitJobRequest& req, const std::string& submitted_by,
+    const ftd::v1::SubmitJobRequest& in, const std::string& submitted_by,
     const std::function<absl::Status(const Job&)>& prepare) {
+  ftd::v1::SubmitJobRequest req = in;  // its spec's paths are confined to the owner's roots below
   {
     std::lock_guard<std::mutex> l(mu_);
     if (draining_) return absl::UnavailableError("ftd is shutting down; submit again once it is back");
@@ -292,6 +293,11 @@ absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::SubmitWith(
   }
   // The request as a whole (an unknown kind, stray fields), then the spec against this daemon.
   if (auto st = ftd::spec::CheckMessage(req, ""); !st.ok()) return st;
+  if (cfg_.sandbox.enabled()) {
+    auto roots = cfg_.sandbox.RootsFor(req.owner());
+    if (!roots.ok()) return roots.status();
+    if (auto st = ftd::spec::ConfineSpecPaths(*roots, req.mutable_spec()); !st.ok()) return st;
+  }
   ftd::spec::Environment env;
   env.name = "this ftd";
   env.gpus = cfg_.gpus > 0 ? 1 : 0;  // a job gets one GPU, which it sees as cuda:0

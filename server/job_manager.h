@@ -37,6 +37,7 @@
 #include "server/metrics.h"
 #include "server/store.h"
 #include "server/worker_launcher.h"
+#include "spec/sandbox.h"
 
 namespace ftd::server {
 
@@ -59,6 +60,8 @@ struct ManagerConfig {
   // retention_check_ms, which also removes leftover partial checkpoints (step-N.tmp) of jobs not running.
   int64_t retention_ms = 0;
   int64_t retention_check_ms = 3600'000;
+  // The directories a job's paths may name (spec/sandbox.h); none configured: not confined.
+  ftd::spec::SandboxConfig sandbox;
 };
 
 // What DeleteJob and PruneJobs removed.

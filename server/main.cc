@@ -129,6 +129,13 @@ int main(int argc, char** argv) {
   std::string retention;
   app.add_option("--retention", retention,
                  "delete finished jobs and their files this long after they ended: 30d, 12h, 90m (default: keep)");
+  ftd::spec::SandboxConfig sandbox;
+  app.add_option("--user-root", sandbox.user_root,
+                 "each user's writable directory, a pattern with {user} (e.g. /srv/ftd/users/{user}): relative spec "
+                 "paths are taken against it, outputs (checkpoint.dir, data.cache_dir) must lie under it");
+  app.add_option("--read-only-root", sandbox.read_only_roots,
+                 "a shared directory every job may read, e.g. /srv/models (repeatable). With no root at all, spec "
+                 "paths are not confined (docs/security.md)");
   CLI11_PARSE(app, argc, argv);
   int64_t retention_ms = 0;
   if (!retention.empty()) {
@@ -138,6 +145,10 @@ int main(int argc, char** argv) {
       return 2;
     }
     retention_ms = *d;
+  }
+  if (auto st = sandbox.Validate(); !st.ok()) {
+    std::cerr << "ftd: " << st.message() << "\n";
+    return 2;
   }
   lc.listen = listen;
   if (auto st = lc.Resolve(data_dir); !st.ok()) {
@@ -215,6 +226,7 @@ int main(int argc, char** argv) {
   mc.paused = paused;
   mc.memory = {cgroups != nullptr ? std::min(ram, worker_limit) : ram, GpuMemoryBytes(mc.gpus)};
   mc.retention_ms = retention_ms;
+  mc.sandbox = sandbox;
   mc.retention_check_ms = std::clamp<int64_t>(retention_ms / 10, 1000, 3600'000);
   ftd::server::JobManager manager(mc, store->get(), &metrics, &launcher, &clock);
 

@@ -19,10 +19,8 @@ const std::vector<std::string>& SpecPathFields() {
   return fields;
 }
 
-absl::Status ResolveSpecPaths(const std::string& base_dir, ftd::v1::TrainSpec* spec) {
-  if (!fs::path(base_dir).is_absolute()) {
-    return absl::InvalidArgumentError(absl::StrCat("base directory \"", base_dir, "\" is not absolute"));
-  }
+absl::Status ForEachSpecPath(ftd::v1::TrainSpec* spec,
+                             const std::function<absl::Status(const std::string& field, std::string& value)>& fn) {
   for (const std::string& dotted : SpecPathFields()) {
     Message* msg = spec;
     const FieldDescriptor* field = nullptr;
@@ -31,7 +29,7 @@ absl::Status ResolveSpecPaths(const std::string& base_dir, ftd::v1::TrainSpec* s
       field = msg->GetDescriptor()->FindFieldByName(parts[i]);
       if (field == nullptr) return absl::InternalError(absl::StrCat("SpecPathFields: no field ", dotted));
       if (i + 1 == parts.size()) break;
-      // Only descend into a message that is present: an absent one has no paths to resolve.
+      // Only descend into a message that is present: an absent one has no paths.
       if (!msg->GetReflection()->HasField(*msg, field)) {
         msg = nullptr;
         break;
@@ -39,11 +37,23 @@ absl::Status ResolveSpecPaths(const std::string& base_dir, ftd::v1::TrainSpec* s
       msg = msg->GetReflection()->MutableMessage(msg, field);
     }
     if (msg == nullptr || !msg->GetReflection()->HasField(*msg, field)) continue;
-    const std::string value = msg->GetReflection()->GetString(*msg, field);
-    if (value.empty() || fs::path(value).is_absolute()) continue;
-    msg->GetReflection()->SetString(msg, field, (fs::path(base_dir) / value).lexically_normal().string());
+    std::string value = msg->GetReflection()->GetString(*msg, field);
+    if (value.empty()) continue;
+    const std::string before = value;
+    if (auto st = fn(dotted, value); !st.ok()) return st;
+    if (value != before) msg->GetReflection()->SetString(msg, field, value);
   }
   return absl::OkStatus();
+}
+
+absl::Status ResolveSpecPaths(const std::string& base_dir, ftd::v1::TrainSpec* spec) {
+  if (!fs::path(base_dir).is_absolute()) {
+    return absl::InvalidArgumentError(absl::StrCat("base directory \"", base_dir, "\" is not absolute"));
+  }
+  return ForEachSpecPath(spec, [&](const std::string&, std::string& value) {
+    if (!fs::path(value).is_absolute()) value = (fs::path(base_dir) / value).lexically_normal().string();
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace ftd::spec

@@ -1,11 +1,19 @@
 """The file sandbox (docs/security.md, "Files"), with real daemons, the real ftctl and real
 workers: paths confined to the configured roots at submit, the worker's own confinement at open,
 workers off root, file modes, errors that leak nothing, and the attempt token out of `ps`."""
-import json
 import os
+import pwd
+import shutil
+import subprocess
+import tempfile
 from pathlib import Path
 
-from ftdservice import TINY, ftctl, get, submit, wait_for
+import grpc
+import pytest
+
+from ftdapi import JobService, msg, spec
+from ftdservice import FTCTL, TINY, Daemon, ftctl, get, submit, wait_for
+from test_auth import ALICE, BOB, denied, local_users  # noqa: F401 (a fixture)
 
 
 def running(daemon, job_id):
@@ -26,3 +34,91 @@ def test_the_attempt_token_is_not_on_the_worker_command_line(daemon):
     # the environment is its owner's only
     assert os.stat(f"/proc/{pid}/environ").st_mode & 0o077 == 0
     assert ftctl(daemon, "cancel", job).returncode == 0
+
+
+# --- roots at submit -----------------------------------------------------------------------------
+
+@pytest.fixture
+def roots(tmp_path, local_users):
+    """A daemon with per-user roots (BASE/users/{user}, each its user's, 0700) and a shared read-only
+    root (BASE/models), on a socket other local users can reach; the test users run ftctl."""
+    base = Path(tempfile.mkdtemp(prefix="ftd-roots-"))
+    base.chmod(0o755)
+    for u in (ALICE, BOB, "root"):
+        d = base / "users" / u
+        d.mkdir(parents=True)
+        pw = pwd.getpwnam(u)
+        os.chown(d, pw.pw_uid, pw.pw_gid)
+        d.chmod(0o700)
+    (base / "users").chmod(0o755)
+    (base / "models").mkdir()
+    d = Daemon(tmp_path, "--user-root", str(base / "users" / "{user}"), "--read-only-root", str(base / "models"),
+               socket=base / "ftd.sock")
+    d.base = base
+    yield d
+    d.stop()
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def user_ftctl(user, daemon, *args, cwd="/"):
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/tmp"}
+    return subprocess.run(["runuser", "-u", user, "--", str(FTCTL), "--addr", daemon.addr, *args],
+                          capture_output=True, text=True, timeout=60, env=env, cwd=cwd)
+
+
+def test_checkpoint_dir_outside_the_roots_is_refused_at_submit(roots):
+    assert not Path("/etc/ftd-sandbox-x").exists()
+    p = user_ftctl(ALICE, roots, "submit", "--default", "--set", "checkpoint.dir=/etc/ftd-sandbox-x")
+    denied(p, "PERMISSION_DENIED", "spec.checkpoint.dir: not permitted", "/etc/ftd-sandbox-x")
+    assert not Path("/etc/ftd-sandbox-x").exists()
+    # an output under the shared read-only root is refused too
+    p = user_ftctl(ALICE, roots, "submit", "--default", "--set", f"checkpoint.dir={roots.base}/models/ck")
+    denied(p, "PERMISSION_DENIED", "spec.checkpoint.dir: not permitted", "may write")
+
+
+def test_relative_dot_dot_is_taken_against_the_users_root_and_refused(roots):
+    # A raw request (no ftctl to make the path absolute): relative to the caller's root, not ftd's directory.
+    svc = JobService(grpc.insecure_channel(roots.addr))
+    for path in ("../../x", "../bob-like/x", "a/../../../x"):
+        req = msg("SubmitJobRequest")(spec=spec(dict(TINY, checkpoint={"dir": path})))
+        with pytest.raises(grpc.RpcError) as e:
+            svc.SubmitJob(req, timeout=20)
+        assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED, e.value.details()
+        assert e.value.details().startswith("spec.checkpoint.dir: not permitted"), e.value.details()
+    # ftctl makes a relative path absolute against its directory: from inside Alice's root, ../../x
+    # leaves it all the same
+    alice_root = roots.base / "users" / ALICE
+    p = user_ftctl(ALICE, roots, "submit", "--default", "--set", "checkpoint.dir=../../x", cwd=alice_root)
+    denied(p, "PERMISSION_DENIED", "spec.checkpoint.dir: not permitted")
+    assert not (roots.base / "x").exists()
+    # a relative path inside the root is stored resolved
+    ok_job = svc.SubmitJob(msg("SubmitJobRequest")(spec=spec(dict(TINY, steps=1, checkpoint={"dir": "run1/../ck"}))),
+                           timeout=20).job
+    assert ok_job.spec.checkpoint.dir == str(roots.base / "users" / "root" / "ck"), ok_job.spec.checkpoint.dir
+
+
+def test_another_users_checkpoint_directory_is_refused(roots):
+    alice_ck = roots.base / "users" / ALICE / "ck"
+    p = user_ftctl(ALICE, roots, "submit", "--default", "--set", "steps=2", "--set", f"checkpoint.dir={alice_ck}",
+                   "--wait")
+    assert p.returncode == 0, p.stderr
+    step = sorted(alice_ck.glob("step-*"))
+    assert step, list(alice_ck.iterdir())
+    # Bob may neither resume from nor write into Alice's directory, nor read her weights.
+    for setting in (f"checkpoint.dir={alice_ck}", f"model.weights_path={step[-1]}", f"lora.adapter_path={step[-1]}"):
+        p = user_ftctl(BOB, roots, "submit", "--default", "--set", setting)
+        denied(p, "PERMISSION_DENIED", f"spec.{setting.split('=')[0]}: not permitted")
+
+
+def test_symlinks_out_of_the_root_and_missing_inputs_are_refused(roots):
+    alice_root = roots.base / "users" / ALICE
+    (alice_root / "etc").symlink_to("/etc")
+    (alice_root / "shadow").symlink_to("/etc/shadow")
+    p = user_ftctl(ALICE, roots, "submit", "--default", "--set", f"checkpoint.dir={alice_root}/etc/x")
+    denied(p, "PERMISSION_DENIED", "spec.checkpoint.dir: not permitted", "symbolic links")
+    p = user_ftctl(ALICE, roots, "submit", "--default", "--set", f"data.path={alice_root}/shadow")
+    denied(p, "PERMISSION_DENIED", "spec.data.path: not permitted")
+    assert "root:" not in p.stderr
+    assert not Path("/etc/x").exists()
+    p = user_ftctl(ALICE, roots, "submit", "--default", "--set", f"data.path={alice_root}/nope.bin")
+    assert p.returncode != 0 and "spec.data.path" in p.stderr and "does not exist" in p.stderr, p.stderr
