@@ -4,12 +4,15 @@
 # prometheus-cpp, GoogleTest, CLI11, JSON) come unpacked from .devdeps/ when present
 # (scripts/fetch-gpu-deps.sh fills it on a development machine). Results go to $OUT (default gpu-out/).
 #   scripts/gpu.sh [STAGE...]    stages, run in the order given: build test kbench e2e lora data service
-#                                profile ab default (none given: build test kbench e2e lora service profile)
+#                                profile ckpt ab default (none given: build test kbench e2e lora service profile)
+#   ckpt: the 8B checkpoint's write and load GB/s and the cancel-to-exit latency, during a step and
+#       during a checkpoint write (bench/ckpt_bench.py; its ~48 GB checkpoint goes under CKPT_ROOT,
+#       default /tmp, never under $OUT).
 #   ab: this tree's ftd-worker against another version's, the 8B fused step in one invocation
 #       (BASE_SRC: that version's source tree, e.g. `git archive REV | tar x -C base-src`;
 #       AB_ARGS: bench/train_bench.py flags, default --shapes 4x2048 --repeat 3).
 # Environment: BENCH_ARGS (bench/train_bench.py flags), LORA_ARGS (bench/lora_bench.py flags),
-# DATA_ARGS (bench/data_bench.py flags),
+# DATA_ARGS (bench/data_bench.py flags), CKPT_ARGS (bench/ckpt_bench.py flags),
 # KBENCH_ARGS (ftd-kernel-bench flags),
 # CUDA_ARCHS (default "90;100;103": the H100/H200 and the B200/GB300 in one binary).
 set -uo pipefail
@@ -83,6 +86,10 @@ for stage in "${stages[@]}"; do
     profile)
       stamp "profiles"
       python3 bench/profile_bench.py --build "$build" --out "$out" ${PROFILE_ARGS:-} 2>&1 | tee "$out/profile_bench.log" ;;
+    ckpt)
+      stamp "8B checkpoint write/load and cancel latency"
+      python3 bench/ckpt_bench.py --worker "$build/worker/ftd-worker" --out "$out/ckpt" --ckpt-root "${CKPT_ROOT:-/tmp}" \
+        ${CKPT_ARGS:-} 2>&1 | tee "$out/ckpt_bench.log" | grep -v "^{" || rc=1 ;;
     ab)
       stamp "this build against ${BASE_SRC:-base-src}"
       base_build=$root/build-base
@@ -99,7 +106,7 @@ for stage in "${stages[@]}"; do
     default)
       "$build/worker/ftd-worker" run --default --format text --set steps=${DEFAULT_STEPS:-10} 2>&1 \
         | tee "$out/default-job.log" | tail -4 ;;
-    *) echo "gpu.sh: unknown stage $stage (build test kbench e2e lora data service profile ab default)"; exit 2 ;;
+    *) echo "gpu.sh: unknown stage $stage (build test kbench e2e lora data service profile ckpt ab default)"; exit 2 ;;
   esac
 done
 stamp "done (rc $rc)"

@@ -3,7 +3,8 @@
 // progress lines ({"event": "progress", ...}) come while weights, data or a checkpoint load and
 // while checkpoints are written. Logs go to stderr. Exit codes: 0 succeeded, 1 failed, 2 invalid
 // spec, 3 GPU out of memory, 4 non-finite loss or gradient, 5 stopped by SIGINT/SIGTERM (after
-// checkpointing, if configured).
+// checkpointing, if configured) or by SIGUSR1 (at the next step, without a checkpoint: ftd's plain
+// cancel).
 #include <stdlib.h>
 
 #include <csignal>
@@ -170,6 +171,7 @@ int Run(const std::string& spec_path, bool use_default, const std::vector<std::s
   }
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
+  std::signal(SIGUSR1, OnStopWithoutCheckpoint);
   ftd::engine::RunHooks hooks;
   const ftd::spec::KernelSet kernel_label = config->Kernels().Label();
   hooks.on_profile = [&](const ftd::engine::ProfileSummary& p) {
@@ -199,6 +201,7 @@ int Run(const std::string& spec_path, bool use_default, const std::vector<std::s
     };
   }
   hooks.stop = &g_stop;
+  hooks.skip_checkpoint = &g_skip_checkpoint;
   hooks.phase_times = prof.phase_times;
   const auto sum = ftd::engine::RunTraining(*config, hooks);
   std::cout << nlohmann::json{{"event", "result"},

@@ -10,6 +10,7 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -258,3 +259,22 @@ def test_progress_is_reported_while_loading_and_writing(tmp_path):
     [resume] = phases(lines, "load_checkpoint")
     d = ck / "step-00000004"
     check_run(resume, data_bytes(d / "model.safetensors", d / "optimizer.safetensors"))
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the 8B run of the benchmark is scripts/gpu.sh ckpt")
+def test_checkpoint_benchmark_smoke(tmp_path):
+    """bench/ckpt_bench.py on the tiny model: a checkpoint written and loaded at a measured rate, and
+    SIGUSR1 (the plain cancel) ending a standalone run during a step and during a checkpoint write,
+    exit 5 both times, with nothing left in the checkpoint directories."""
+    bench = Path(__file__).resolve().parents[2] / "bench" / "ckpt_bench.py"
+    p = subprocess.run([sys.executable, str(bench), "--worker", str(WORKER), "--out", str(tmp_path / "out"),
+                        "--device", "cpu", "--batch", "2", "--seq", "16", "--steps", "2",
+                        "--ckpt-root", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    res = json.loads((tmp_path / "out" / "ckpt_bench.json").read_text())
+    assert res["checkpoint_bytes"] > 1_000_000
+    assert res["write_gb_s"] > 0 and res["load_gb_s"] > 0
+    assert res["cancel_in_step_exit"] == 5 and res["cancel_in_checkpoint_exit"] == 5
+    assert res["partial_checkpoints_left"] == []
+    assert "| tiny | cpu |" in p.stdout
+    assert [x.name for x in tmp_path.iterdir() if x.name.startswith("ftd-ckpt-bench-")] == [], "removed after"
