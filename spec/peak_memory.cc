@@ -84,21 +84,44 @@ PeakMemory PredictPeakMemory(const LlamaConfig& m, const TrainConfig& c, bool gp
   double per_layer = 0;
   // RMSNorm, twice: fused saves its input; eager its input in fp32 (and the normalised x when the
   // norm's weight is trained).
-  per_layer += 2 * (k[KernelOp::kRmsNorm] ? h * e : 4 * h + (full ? h * e : 0));
-  per_layer += input_saved({LoraTarget::kQ, LoraTarget::kK, LoraTarget::kV}, h);
+  const double norm_saved = k[KernelOp::kRmsNorm] ? h * e : 4 * h + (full ? h * e : 0);
+  per_layer += 2 * norm_saved;
+  const double qkv_in = input_saved({LoraTarget::kQ, LoraTarget::kK, LoraTarget::kV}, h);
+  per_layer += qkv_in;
   // Attention (sdpa): q, k, v, its output (which is o_proj's input, a view) and the log-sum-exp.
   per_layer += (2 * q + 2 * kv) * e + heads * 4;
   if (!full && on[static_cast<size_t>(LoraTarget::kO)] && !grouped && ea != e) per_layer += q * ea;
-  per_layer += input_saved({LoraTarget::kGate, LoraTarget::kUp}, h);
+  const double gate_up_in = input_saved({LoraTarget::kGate, LoraTarget::kUp}, h);
+  per_layer += gate_up_in;
   // SwiGLU: fused saves gate and up; eager also silu(gate).
   per_layer += (k[KernelOp::kSwiGlu] ? 2 : 3) * f * e;
-  per_layer += input_saved({LoraTarget::kDown}, f);
+  const double down_in = input_saved({LoraTarget::kDown}, f);
+  per_layer += down_in;
   // The adapters' rank-sized activations (grouped: fp32 when fp32 adapters sit on a bf16 base).
   for (size_t t = 0; t < on.size(); ++t) {
     if (on[t]) per_layer += r * (grouped && !(ea == 4 && e == 2 && gpu) ? e : ea);
   }
-  const double final_norm = k[KernelOp::kRmsNorm] ? h * e : 4 * h + (full ? h * e : 0);
-  p.activations = tokens * (layers * per_layer + final_norm);
+  double saved_per_layer = per_layer;
+  switch (c.activation_checkpointing) {
+    case ActivationCheckpointing::kNone:
+      break;
+    case ActivationCheckpointing::kSelective: {
+      // The norms' outputs and the SwiGLU product are freed where what their consumers saved is that
+      // very tensor (width * e; a copy in another dtype stays). Recomputing a norm output keeps the
+      // norm's input alive, which the fused norm (and an fp32 eager one) saves anyway.
+      const bool norm_input_kept = k[KernelOp::kRmsNorm] || e == 4;
+      auto freed = [&](double saved, double width) { return saved == width * e ? saved : 0.0; };
+      if (norm_input_kept) saved_per_layer -= freed(qkv_in, h) + freed(gate_up_in, h);
+      saved_per_layer -= freed(down_in, f);
+      break;
+    }
+    case ActivationCheckpointing::kFull:
+      // Each layer's input only; in backward, one layer's activations are recomputed at a time.
+      saved_per_layer = h * e;
+      break;
+  }
+  const double recomputed = c.activation_checkpointing == ActivationCheckpointing::kFull ? per_layer : 0;
+  p.activations = tokens * (layers * saved_per_layer + recomputed + norm_saved /* the final norm */);
 
   // The loss head. A trained lm_head (full fine-tuning) adds its weight gradient.
   const double lm_grad = full ? vocab * h * e : 0;

@@ -155,6 +155,18 @@ absl::StatusOr<TrainConfig> ToTrainConfig(const ftd::v1::TrainSpec& s) {
   if (s.kernel_tuning().has_linear_cross_entropy_chunk_rows()) {
     c.kernel_tuning.linear_cross_entropy_chunk_rows = s.kernel_tuning().linear_cross_entropy_chunk_rows();
   }
+  if (s.kernel_tuning().has_fused_projections()) c.kernel_tuning.fused_projections = s.kernel_tuning().fused_projections();
+  if (s.has_activation_checkpointing()) {
+    const auto a = ParseActivationCheckpointing(s.activation_checkpointing());
+    if (!a) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.activation_checkpointing must be \"none\", \"selective\" (recompute RMSNorm outputs "
+                       "and the SwiGLU product) or \"full\" (recompute each layer) (got ",
+                       s.activation_checkpointing(), ")"));
+    }
+    c.activation_checkpointing = *a;
+  }
+  if (s.has_expandable_segments()) c.expandable_segments = s.expandable_segments();
   if (s.profile().has_warmup_steps()) c.profile.warmup_steps = s.profile().warmup_steps();
   if (s.profile().has_steps()) c.profile.steps = s.profile().steps();
   if (s.has_peak_flops()) c.peak_flops = s.peak_flops();

@@ -1,6 +1,7 @@
 // The job spec's JSON mapping: defaults, validation, unknown fields.
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "spec/spec.h"
 
 namespace ftd::spec {
@@ -48,6 +49,29 @@ TEST(Spec, ExplicitlySetInvalidValuesAreRejected) {
   ASSERT_TRUE(spec.ok());
   auto c = ToTrainConfig(*spec);
   EXPECT_EQ(c.status().message(), "spec.seq_len must be >= 1 (got 0)");
+}
+
+TEST(Spec, ActivationCheckpointingAllocatorAndFusedProjectionsReachTheConfig) {
+  EXPECT_EQ(TrainConfig().activation_checkpointing, ActivationCheckpointing::kNone);
+  EXPECT_FALSE(TrainConfig().expandable_segments);
+  EXPECT_FALSE(TrainConfig().kernel_tuning.fused_projections);
+  for (const auto& [name, want] : {std::pair{"none", ActivationCheckpointing::kNone},
+                                   {"selective", ActivationCheckpointing::kSelective},
+                                   {"full", ActivationCheckpointing::kFull}}) {
+    auto c = ToTrainConfig(*ParseTrainSpecJson(absl::StrCat(R"({"activation_checkpointing": ")", name, R"("})")));
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->activation_checkpointing, want);
+    EXPECT_STREQ(ActivationCheckpointingName(want), name);
+  }
+  auto bad = ToTrainConfig(*ParseTrainSpecJson(R"({"activation_checkpointing": "partial"})"));
+  EXPECT_EQ(bad.status().message(),
+            "spec.activation_checkpointing must be \"none\", \"selective\" (recompute RMSNorm outputs and the SwiGLU "
+            "product) or \"full\" (recompute each layer) (got partial)");
+  auto on = ToTrainConfig(
+      *ParseTrainSpecJson(R"({"expandable_segments": true, "kernel_tuning": {"fused_projections": true}})"));
+  ASSERT_TRUE(on.ok()) << on.status();
+  EXPECT_TRUE(on->expandable_segments);
+  EXPECT_TRUE(on->kernel_tuning.fused_projections);
 }
 
 TEST(Spec, KernelTuningReachesTheConfigAndIsBounded) {

@@ -40,6 +40,13 @@ std::optional<KernelSet> ParseKernelSet(std::string_view name) {
   return std::nullopt;
 }
 
+std::optional<ActivationCheckpointing> ParseActivationCheckpointing(std::string_view name) {
+  for (size_t i = 0; i < kActivationCheckpointingNames.size(); ++i) {
+    if (name == kActivationCheckpointingNames[i]) return static_cast<ActivationCheckpointing>(i);
+  }
+  return std::nullopt;
+}
+
 absl::Status TrainConfig::Validate() const {
   const int sources = !model.preset.empty() + !model.config_path.empty();
   if (sources > 1) {

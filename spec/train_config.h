@@ -106,10 +106,22 @@ inline constexpr int32_t kDefaultLinearCrossEntropyChunkRows = 2048;
 inline constexpr int32_t kMaxLinearCrossEntropyChunkRows = 65'536;
 struct KernelTuning {
   int32_t linear_cross_entropy_chunk_rows = 0;  // rows per logits chunk; 0: kDefaultLinearCrossEntropyChunkRows
+  bool fused_projections = false;               // one GEMM for q/k/v and one for gate/up
   int32_t LinearCrossEntropyChunkRows() const {
     return linear_cross_entropy_chunk_rows > 0 ? linear_cross_entropy_chunk_rows : kDefaultLinearCrossEntropyChunkRows;
   }
 };
+
+// What each decoder layer saves for backward (spec.activation_checkpointing; torchtune's and
+// torchtitan's vocabulary). kSelective: the RMSNorm outputs and the SwiGLU product are freed after
+// their consumers' forward and recomputed in backward (the GEMMs' other inputs are kept); kFull: only
+// each layer's input is kept and the layer is rerun in backward.
+enum class ActivationCheckpointing { kNone, kSelective, kFull };
+inline constexpr std::array<const char*, 3> kActivationCheckpointingNames = {"none", "selective", "full"};
+inline const char* ActivationCheckpointingName(ActivationCheckpointing a) {
+  return kActivationCheckpointingNames[static_cast<size_t>(a)];
+}
+std::optional<ActivationCheckpointing> ParseActivationCheckpointing(std::string_view name);
 
 // Coarse static upper bounds on the numeric fields (docs/job-spec.md, "Limits"): far above any real
 // job, low enough that no value overflows the arithmetic done with it or asks for absurd memory
@@ -151,6 +163,8 @@ struct TrainConfig {
   KernelSet kernel_set = KernelSet::kEager;  // eager | fused: the default for every op
   std::map<std::string, KernelSet> kernels;  // per-op overrides: op name -> eager | fused
   KernelTuning kernel_tuning;
+  ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::kNone;
+  bool expandable_segments = false;  // the CUDA caching allocator's expandable segments
   std::optional<double> peak_flops;  // FLOP/s; unset: looked up from the device name
   ProfileConfig profile;
   LoraConfig lora;  // enabled: LoRA fine-tuning of a frozen base (spec/lora_config.h)

@@ -74,6 +74,17 @@ def run_worker(spec, tmp, *extra, check=True):
     return p.returncode, steps, result, p.stderr
 
 
+def run_modes(base, tmp, field, values):
+    """Runs the worker once per value of the spec's top-level `field`; {value: step lines}, each run
+    having succeeded."""
+    runs = {}
+    for v in values:
+        _, steps, result, _ = run_worker(dict(base, **{field: v}), tmp)
+        assert result["outcome"] == "SUCCEEDED", (v, result)
+        runs[v] = steps
+    return runs
+
+
 def max_rel_err(ours, ref):
     """max |ours - ref| / max |ref| over the tensor (docs/testing.md)."""
     ours, ref = ours.double(), ref.double()

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from ftdtest import CONFIGS, WORKER, make_hf_model, max_rel_err, run_parity, run_worker, write_tokens
+from ftdtest import CONFIGS, WORKER, make_hf_model, max_rel_err, run_modes, run_parity, run_worker, write_tokens
 
 torch.set_num_threads(2)
 
@@ -220,3 +220,18 @@ def test_token_files_uint16_and_uint32_train_alike(tmp_path):
     _, a, _, _ = run_worker(dict(base, data={"path": str(tmp_path / "t16.bin")}), tmp_path)
     _, b, _, _ = run_worker(dict(base, data={"path": str(tmp_path / "t32.bin"), "token_dtype": "uint32"}), tmp_path)
     assert [s["loss"] for s in a] == [s["loss"] for s in b]
+
+
+def test_activation_checkpointing_gives_the_losses_of_none(tmp_path):
+    """spec.activation_checkpointing through the real worker on the CPU (fp32, eager set, LoRA with
+    dropout): selective and full recompute what they drop with the same ops, the same values and the
+    same dropout masks, so 4 steps of training report the losses and gradient norms of `none`."""
+    base = {"model": {"preset": "tiny"}, "steps": 4, "batch_size": 4, "seq_len": 32, "optimizer": {"lr": 3e-3},
+            "device": "cpu", "lora": {"rank": 4, "dropout": 0.1}, "kernels": {"lora": "eager"}}
+    runs = run_modes(base, tmp_path, "activation_checkpointing", ("none", "selective", "full"))
+    for mode in ("selective", "full"):
+        for a, b in zip(runs["none"], runs[mode]):
+            assert b["loss"] == pytest.approx(a["loss"], rel=1e-6), (mode, a["step"])
+            assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-6), (mode, a["step"])
+    code, _, result, _ = run_worker(dict(base, activation_checkpointing="some"), tmp_path, check=False)
+    assert code == 2 and result["message"].startswith("spec.activation_checkpointing must be")

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/engine/fused_ops.h"
+#include "worker/engine/recompute.h"
 #include "worker/engine/safetensors.h"
 #include "worker/engine/torch_util.h"
 
@@ -329,32 +330,66 @@ std::vector<torch::Tensor> LlamaModel::ProjectShared(const torch::Tensor& x, con
   return out;
 }
 
-torch::Tensor LlamaModel::Hidden(const torch::Tensor& ids, bool train, const PackedLayout& layout) {
+torch::Tensor LlamaModel::DecoderLayer(const Layer& L, const torch::Tensor& x_in, bool train,
+                                       const PackedLayout& layout) {
   const auto& c = config_;
-  const int64_t B = ids.size(0), T = ids.size(1);
-  auto x = torch::embedding(embed_, ids);
+  const int64_t B = x_in.size(0), T = x_in.size(1);
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+  // Selective checkpointing: the norms' outputs and the SwiGLU product are recomputed in backward
+  // from what their ops save anyway (the norm's input, gate and up).
+  const bool selective = train && activation_checkpointing_ == spec::ActivationCheckpointing::kSelective;
+  using spec::LoraTarget;
+  auto lora = [&](LoraTarget t) -> const LoraAdapter& { return L.lora[static_cast<size_t>(t)]; };
+  auto x = x_in;
+  auto h = Norm(x, L.input_norm);
+  auto qkv = ProjectShared(h, {L.q, L.k, L.v}, {&lora(LoraTarget::kQ), &lora(LoraTarget::kK), &lora(LoraTarget::kV)},
+                           train);
+  if (selective) RecomputeInBackward(h, qkv, [this, x, w = L.input_norm] { return Norm(x, w); });
+  auto q = Rotate(qkv[0].view({B, T, c.num_attention_heads, c.head_dim}), T, layout);
+  auto k = Rotate(qkv[1].view({B, T, c.num_key_value_heads, c.head_dim}), T, layout);
+  auto v = qkv[2].view({B, T, c.num_key_value_heads, c.head_dim}).transpose(1, 2);
+  // Packed rows: the block-diagonal causal mask (SDPA's memory-efficient or math kernel);
+  // otherwise the causal flag (flash attention where available).
+  auto a = layout.packed()
+               ? at::scaled_dot_product_attention(q, k, v, layout.mask, /*dropout_p=*/0.0, /*is_causal=*/false, scale,
+                                                  /*enable_gqa=*/c.num_key_value_heads != c.num_attention_heads)
+               : at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/T > 1,
+                                                  scale, /*enable_gqa=*/c.num_key_value_heads != c.num_attention_heads);
+  a = a.transpose(1, 2).reshape({B, T, c.num_attention_heads * c.head_dim});
+  x = x + ProjectShared(a, {L.o}, {&lora(LoraTarget::kO)}, train)[0];
+  h = Norm(x, L.post_norm);
+  auto gate_up = ProjectShared(h, {L.gate, L.up}, {&lora(LoraTarget::kGate), &lora(LoraTarget::kUp)}, train);
+  if (selective) RecomputeInBackward(h, gate_up, [this, x, w = L.post_norm] { return Norm(x, w); });
+  auto s = SwiGlu(gate_up[0], gate_up[1]);
+  auto down = ProjectShared(s, {L.down}, {&lora(LoraTarget::kDown)}, train);
+  if (selective) RecomputeInBackward(s, down, [this, g = gate_up[0], u = gate_up[1]] { return SwiGlu(g, u); });
+  return x + down[0];
+}
+
+torch::Tensor LlamaModel::Hidden(const torch::Tensor& ids, bool train, const PackedLayout& layout) {
+  auto x = torch::embedding(embed_, ids);
+  const bool full = train && activation_checkpointing_ == spec::ActivationCheckpointing::kFull &&
+                    at::GradMode::is_enabled();
   for (const auto& L : layers_) {
-    auto h = Norm(x, L.input_norm);
-    using spec::LoraTarget;
-    auto lora = [&](LoraTarget t) -> const LoraAdapter& { return L.lora[static_cast<size_t>(t)]; };
-    auto qkv = ProjectShared(h, {L.q, L.k, L.v}, {&lora(LoraTarget::kQ), &lora(LoraTarget::kK), &lora(LoraTarget::kV)},
-                             train);
-    auto q = Rotate(qkv[0].view({B, T, c.num_attention_heads, c.head_dim}), T, layout);
-    auto k = Rotate(qkv[1].view({B, T, c.num_key_value_heads, c.head_dim}), T, layout);
-    auto v = qkv[2].view({B, T, c.num_key_value_heads, c.head_dim}).transpose(1, 2);
-    // Packed rows: the block-diagonal causal mask (SDPA's memory-efficient or math kernel);
-    // otherwise the causal flag (flash attention where available).
-    auto a = layout.packed()
-                 ? at::scaled_dot_product_attention(q, k, v, layout.mask, /*dropout_p=*/0.0, /*is_causal=*/false, scale,
-                                                    /*enable_gqa=*/c.num_key_value_heads != c.num_attention_heads)
-                 : at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/T > 1,
-                                                    scale, /*enable_gqa=*/c.num_key_value_heads != c.num_attention_heads);
-    a = a.transpose(1, 2).reshape({B, T, c.num_attention_heads * c.head_dim});
-    x = x + ProjectShared(a, {L.o}, {&lora(LoraTarget::kO)}, train)[0];
-    h = Norm(x, L.post_norm);
-    auto gate_up = ProjectShared(h, {L.gate, L.up}, {&lora(LoraTarget::kGate), &lora(LoraTarget::kUp)}, train);
-    x = x + ProjectShared(SwiGlu(gate_up[0], gate_up[1]), {L.down}, {&lora(LoraTarget::kDown)}, train)[0];
+    if (!full) {
+      x = DecoderLayer(L, x, train, layout);
+      continue;
+    }
+    // Full checkpointing: only the layer's input is kept; backward reruns the layer (its LoRA
+    // dropout masks drawn again from the forward's RNG state).
+    std::vector<torch::Tensor> params;
+    for (const auto& w : {L.input_norm, L.q, L.k, L.v, L.o, L.post_norm, L.gate, L.up, L.down}) {
+      if (w.requires_grad()) params.push_back(w);
+    }
+    for (const auto& ad : L.lora) {
+      if (ad.on()) {
+        params.push_back(ad.a);
+        params.push_back(ad.b);
+      }
+    }
+    x = Checkpointed(
+        x, params, [this, &L, train, layout](const torch::Tensor& in) { return DecoderLayer(L, in, train, layout); },
+        /*preserve_rng=*/lora_.enabled && lora_.dropout > 0);
   }
   return Norm(x, final_norm_);
 }

@@ -84,6 +84,8 @@ class LlamaModel {
     tuning_ = tuning;
   }
   const KernelChoice& kernels() const { return kernels_; }
+  // What each decoder layer keeps for backward (spec.activation_checkpointing); default none.
+  void SetActivationCheckpointing(spec::ActivationCheckpointing a) { activation_checkpointing_ = a; }
 
   // Multiply-accumulate FLOPs of one token's forward+backward (docs/performance.md, MFU).
   double TrainingFlopsPerToken(int64_t seq_len) const;
@@ -103,6 +105,8 @@ class LlamaModel {
   // Sum of the cross-entropy over non-ignored labels; logits [..., V] in the model dtype.
   torch::Tensor CrossEntropySum(const torch::Tensor& logits, const torch::Tensor& flat_labels) const;
   torch::Tensor Hidden(const torch::Tensor& ids, bool train, const PackedLayout& layout);
+  // One decoder layer: x [B, T, hidden] -> the residual stream after it.
+  torch::Tensor DecoderLayer(const Layer& L, const torch::Tensor& x, bool train, const PackedLayout& layout);
   // x W^T for one of a layer's projections, plus its adapter's term with LoRA.
   torch::Tensor Project(const torch::Tensor& x, const torch::Tensor& w, const LoraAdapter& ad, bool train) const;
   // Several projections of one input (q/k/v, gate/up): with the fused lora op, every adapted one in
@@ -123,6 +127,7 @@ class LlamaModel {
   torch::Tensor cos32_, sin32_;  // [T, D/2] fp32 (fused)
   KernelChoice kernels_;
   spec::KernelTuning tuning_;
+  spec::ActivationCheckpointing activation_checkpointing_ = spec::ActivationCheckpointing::kNone;
   spec::LoraConfig lora_;  // enabled: LoRA
   std::vector<std::pair<std::string, torch::Tensor>> adapters_;  // PEFT names, layer by layer, A then B
   std::string weights_dir_;  // what LoadWeights read

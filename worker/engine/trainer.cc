@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cmath>
 #include <filesystem>
 #include <optional>
@@ -12,6 +13,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/record_function.h>
 #include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAAllocatorConfig.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <torch/cuda.h>
 
@@ -109,6 +111,7 @@ class TrainingRun {
     PackedLayout layout;
   };
   bool Setup();
+  void ConfigureAllocator();  // before the run's first CUDA allocation
   bool Step(int64_t step);
   void Report(double loss, double norm, double lr, double dt, int64_t real_tokens, int64_t loss_tokens);
   DeviceBatch Upload(MicroBatch& mb) const;
@@ -148,7 +151,10 @@ bool TrainingRun::Setup() {
   } catch (const c10::Error&) {
     return Fail(Outcome::kInvalidSpec, absl::StrCat("spec.device \"", cfg_.device, "\" is not a device name"));
   }
-  if (device_.is_cuda()) c10::cuda::set_device(device_.index());
+  if (device_.is_cuda()) {
+    c10::cuda::set_device(device_.index());
+    ConfigureAllocator();
+  }
   const bool bf16 = cfg_.dtype == "bf16" || (cfg_.dtype == "auto" && device_.is_cuda());
   const torch::ScalarType dtype = bf16 ? torch::kBFloat16 : torch::kFloat;
   kernels_ = cfg_.Kernels();  // where they run was checked (CheckEnvironment)
@@ -160,6 +166,7 @@ bool TrainingRun::Setup() {
   model_ = *std::move(model_or);
   LlamaModel& model = *model_;
   model.SetKernels(kernels_, cfg_.kernel_tuning);
+  model.SetActivationCheckpointing(cfg_.activation_checkpointing);
   if (!cfg_.model.weights_path.empty()) {
     ProgressMeter meter(hooks_.on_progress, ProgressPhase::kLoadWeights, 0);
     if (auto s = model.LoadWeights(cfg_.model.weights_path, &meter); !s.ok()) {
@@ -233,6 +240,19 @@ bool TrainingRun::Setup() {
   profiler_.emplace(device_.is_cuda());
   profile_from_ = cfg_.profile.enabled ? cfg_.profile.warmup_steps : -1;
   return true;
+}
+
+void TrainingRun::ConfigureAllocator() {
+  namespace alloc = c10::cuda::CUDACachingAllocator;
+  const char* env = std::getenv("PYTORCH_CUDA_ALLOC_CONF");
+  if (env != nullptr && *env != '\0') {
+    Log(absl::StrCat("CUDA allocator: PYTORCH_CUDA_ALLOC_CONF=", env, " (from the environment; spec.expandable_segments ",
+                     cfg_.expandable_segments ? "true" : "false", " not applied)"));
+  } else if (cfg_.expandable_segments) {
+    alloc::setAllocatorSettings("expandable_segments:True");
+  }
+  Log(absl::StrCat("CUDA allocator: ", alloc::CUDAAllocatorConfig::expandable_segments() ? "expandable" : "fixed-size",
+                   " segments"));
 }
 
 TrainingRun::DeviceBatch TrainingRun::Upload(MicroBatch& mb) const {
