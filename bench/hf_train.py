@@ -1,6 +1,13 @@
-"""HF transformers eager baseline: the LLaMA-3.1-8B shape (random init, bf16 weights, sdpa
-attention, torch.optim.AdamW(fused=True)) trained on the same token windows as ftd-worker.
-Prints one JSON object with per-step metrics. Used by bench/train_bench.py."""
+"""HF transformers baselines: the LLaMA-3.1-8B shape (random init, bf16 weights, sdpa attention,
+torch.optim.AdamW(fused=True)) trained on the same token windows as ftd-worker. Prints one JSON
+object with per-step metrics. Used by bench/train_bench.py.
+
+  --variant eager    HF as it comes (logits materialised, fp32 cross-entropy)
+  --variant compile  the same model under torch.compile (model.compile())
+  --variant liger    Liger-Kernel's LLaMA patches (RoPE, RMSNorm, SwiGLU, fused linear cross-entropy;
+                     the loss from shift_labels, the same targets)
+  --grad-ckpt        HF's gradient checkpointing (non-reentrant), for shapes that do not fit without it
+"""
 import argparse
 import json
 import sys
@@ -18,6 +25,8 @@ def main():
     ap.add_argument("--seq", type=int, required=True)
     ap.add_argument("--steps", type=int, required=True)
     ap.add_argument("--lr", type=float, default=1e-5)
+    ap.add_argument("--variant", choices=["eager", "compile", "liger"], default="eager")
+    ap.add_argument("--grad-ckpt", action="store_true", help="HF gradient checkpointing (non-reentrant)")
     ap.add_argument("--phase-times", action="store_true",
                     help="print each step's phase GPU times, as ftd-worker run --phase-times does")
     args = ap.parse_args()
@@ -28,10 +37,25 @@ def main():
                       rope_theta=500000.0, max_position_embeddings=131072, tie_word_embeddings=False,
                       rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                                         original_max_position_embeddings=8192))
+    impl = "hf-" + args.variant + ("+gc" if args.grad_ckpt else "")
+    out = {"impl": impl, "batch": args.batch, "seq": args.seq, "steps": []}
+    if args.variant == "liger":
+        try:
+            from liger_kernel.transformers import apply_liger_kernel_to_llama
+        except ImportError as e:
+            out.update(outcome="FAILED", message=f"liger-kernel is not installed ({e}): put its wheel in .whl/")
+            print(json.dumps(out), flush=True)
+            return
+        apply_liger_kernel_to_llama(rope=True, rms_norm=True, swiglu=True, fused_linear_cross_entropy=True)
+    cfg.use_cache = False
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = LlamaForCausalLM._from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa")
     model.train()
+    if args.grad_ckpt:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if args.variant == "compile":
+        model.compile()
     params = list(model.parameters())
     opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
                              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
@@ -40,16 +64,19 @@ def main():
     tokens = np.fromfile(args.tokens, dtype="<u4")
     windows = torch.from_numpy(tokens[: (len(tokens) // w) * w].astype(np.int64)).view(-1, w)
     ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
-    steps = []
-    out = {"impl": "hf-eager", "batch": args.batch, "seq": args.seq, "steps": steps}
+    steps = out["steps"]
     try:
         for s in range(args.steps):
             torch.cuda.reset_peak_memory_stats()
             t0 = time.perf_counter()
             batch = windows[s * args.batch:(s + 1) * args.batch].cuda(non_blocking=True)
             ev[0].record()
-            logits = model(input_ids=batch[:, :-1]).logits
-            loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1))
+            if args.variant == "liger":
+                loss = model(input_ids=batch[:, :-1], shift_labels=batch[:, 1:]).loss
+            else:
+                logits = model(input_ids=batch[:, :-1]).logits
+                loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1))
+                del logits
             loss.backward()
             ev[1].record()
             norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -71,6 +98,9 @@ def main():
     except torch.OutOfMemoryError as e:
         out["outcome"] = "OUT_OF_MEMORY"
         out["message"] = str(e).splitlines()[0]
+    except Exception as e:  # a compiler or kernel failure: recorded, and the benchmark goes on
+        out["outcome"] = "OUT_OF_MEMORY" if "out of memory" in str(e).lower() else "FAILED"
+        out["message"] = f"{type(e).__name__}: {str(e)[:1000]}"
     print(json.dumps(out), flush=True)
 
 

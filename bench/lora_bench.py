@@ -7,6 +7,10 @@ spec/peak_memory.h predicts (the worker logs it). Prints markdown tables, writes
 
   python3 bench/lora_bench.py --worker build-gpu/worker/ftd-worker --out DIR
       [--shapes 1x2048,4x2048] [--impls eager,fused,fused-lora-eager,hf] [--mem-shapes 2x1024,8x512,1x8192]
+
+An impl may carry train_bench.py's options: `fused+ac=full` (spec.activation_checkpointing),
+`fused+es`, `fused+fp`. The 4x2048 memory line with activation checkpointing:
+  lora_bench.py --shapes 4x2048 --impls fused,fused+ac=selective,fused+ac=full,hf --mem-shapes ""
 """
 import argparse
 import json
@@ -21,6 +25,8 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from train_bench import ftd_options  # noqa: E402
 GIB = 2**30
 IMPLS = {"eager": {"kernel_set": "eager"}, "fused": {"kernel_set": "fused"},
          "fused-lora-eager": {"kernel_set": "fused", "kernels": {"lora": "eager"}}}
@@ -42,7 +48,7 @@ def run_ftd(worker, tokens, b, t, steps, impl, rank, alpha):
             "steps": steps, "batch_size": b, "seq_len": t, "device": "cuda", "dtype": "bf16",
             "optimizer": {"lr": 1e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1, "grad_clip": 1.0},
             "lora": {"rank": rank, "alpha": alpha}, "checkpoint": {"enabled": False}}
-    spec.update(IMPLS[impl])
+    spec.update(IMPLS[impl] if impl in IMPLS else ftd_options(impl))
     path = tokens.parent / f"spec-{impl}-{b}x{t}.json"
     path.write_text(json.dumps(spec))
     p = subprocess.run([str(worker), "run", str(path)], capture_output=True, text=True)

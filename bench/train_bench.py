@@ -1,9 +1,22 @@
 """End-to-end training benchmark on a GPU: ftd-worker with the eager and the fused kernel sets
-against HF transformers eager, the LLaMA-3.1-8B shape, same token windows, same hyperparameters,
+against HF transformers peers, the LLaMA-3.1-8B shape, same token windows, same hyperparameters,
 run one after the other in the same invocation. Prints a markdown table and writes train_bench.json.
+A run that runs out of memory is recorded as such and the benchmark goes on.
 
   python3 bench/train_bench.py --worker build-gpu/worker/ftd-worker --out DIR [--shapes 1x512,4x2048,8x2048]
-      [--impls eager,fused,hf] [--repeat N] [--base-worker OTHER/ftd-worker]
+      [--impls eager,fused,hf] [--repeat N] [--base-worker OTHER/ftd-worker] [--peer-gc auto|on|off]
+
+ftd impls: a kernel set with options joined by `+`: `fused+ac=selective` (spec.activation_checkpointing),
+`fused+es` (spec.expandable_segments), `fused+fp` (spec.kernel_tuning.fused_projections), e.g.
+`fused+ac=full+es`. Peers: `hf` (HF eager, sdpa, fused AdamW), `hf-compile` (torch.compile),
+`hf-liger` (Liger-Kernel). --peer-gc auto (default) reruns a peer that ran out of memory with HF's
+gradient checkpointing, and the table names it `+gc`; `on` always uses it, `off` never.
+
+The issue-14 table in three commands (about 10 minutes each on an H200, estimated; scripts/gpu.sh stages
+perf, perf-long and perf-peers):
+  train_bench.py --shapes 1x512,4x2048,8x2048,16x2048 --impls fused,fused+es,fused+ac=selective,fused+ac=full
+  train_bench.py --shapes 1x8192,2x8192,1x32768 --impls fused,fused+ac=selective,fused+ac=full --steps 8
+  train_bench.py --shapes 1x512,4x2048,8x2048,16x2048,1x8192,2x8192 --impls hf,hf-compile,hf-liger --steps 8
 
 With --base-worker, an impl written `fused@base` (or `eager@base`) runs that kernel set on the other
 build (another commit's ftd-worker), so two versions of ftd are compared in one invocation on the
@@ -49,18 +62,49 @@ def run_ours(worker, tokens, b, t, steps, out_dir, extra):
     sys.stderr.write("".join(l + "\n" for l in p.stderr.splitlines() if "phases" in l))
     lines = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
     result = next((l for l in lines if l["event"] == "result"), {"outcome": "FAILED", "message": p.stderr[-2000:]})
+    if result["outcome"] == "FAILED" and "out of memory" in result.get("message", "").lower():
+        result["outcome"] = "OUT_OF_MEMORY"
     return {"impl": f"ftd-{extra.get('kernel_set', 'eager')}", "steps": [l for l in lines if l["event"] == "step"], "outcome": result["outcome"],
             "message": result.get("message", "")}
 
 
-def run_hf(tokens, b, t, steps):
-    p = subprocess.run([sys.executable, str(HERE / "hf_train.py"), "--tokens", str(tokens), "--batch", str(b),
-                        "--seq", str(t), "--steps", str(steps)], capture_output=True, text=True)
+def ftd_options(impl):
+    """`fused+ac=full+es` -> ("fused", spec fields, label)."""
+    ks, *opts = impl.split("+")
+    extra = {"kernel_set": "eager" if ks == "ftd" else ks}
+    for o in opts:
+        key, _, value = o.partition("=")
+        if key == "ac" and value in ("none", "selective", "full"):
+            extra["activation_checkpointing"] = value
+        elif key == "es" and not value:
+            extra["expandable_segments"] = True
+        elif key == "fp" and not value:
+            extra.setdefault("kernel_tuning", {})["fused_projections"] = True
+        else:
+            sys.exit(f"train_bench: unknown option {o!r} in impl {impl!r} (ac=none|selective|full, es, fp)")
+    return extra
+
+
+def run_hf(tokens, b, t, steps, variant, grad_ckpt):
+    cmd = [sys.executable, str(HERE / "hf_train.py"), "--tokens", str(tokens), "--batch", str(b), "--seq", str(t),
+           "--steps", str(steps), "--variant", variant] + (["--grad-ckpt"] if grad_ckpt else [])
+    p = subprocess.run(cmd, capture_output=True, text=True)
     sys.stderr.write("".join(l + "\n" for l in p.stderr.splitlines() if "phases" in l))
     try:
         return json.loads(p.stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
-        return {"impl": "hf-eager", "outcome": "FAILED", "message": p.stderr[-2000:], "steps": []}
+        oom = "out of memory" in p.stderr.lower()
+        return {"impl": f"hf-{variant}" + ("+gc" if grad_ckpt else ""), "outcome": "OUT_OF_MEMORY" if oom else "FAILED",
+                "message": p.stderr[-2000:], "steps": []}
+
+
+def run_peer(tokens, b, t, steps, impl, peer_gc):
+    variant = {"hf": "eager", "hf-eager": "eager", "hf-compile": "compile", "hf-liger": "liger"}[impl]
+    r = run_hf(tokens, b, t, steps, variant, peer_gc == "on")
+    if r["outcome"] == "OUT_OF_MEMORY" and peer_gc == "auto":
+        print(f"# {r['impl']} {b}x{t}: OUT_OF_MEMORY; again with gradient checkpointing", flush=True)
+        r = run_hf(tokens, b, t, steps, variant, True)
+    return r
 
 
 def main():
@@ -70,7 +114,10 @@ def main():
     ap.add_argument("--shapes", default="1x512,4x2048,8x2048")
     ap.add_argument("--steps", type=int, default=13)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--impls", default="eager,fused,hf", help="ftd kernel sets (eager, fused) and/or hf")
+    ap.add_argument("--impls", default="eager,fused,hf",
+                    help="ftd kernel sets with options (fused+ac=selective, ...) and/or peers hf, hf-compile, hf-liger")
+    ap.add_argument("--peer-gc", choices=["auto", "on", "off"], default="auto",
+                    help="HF gradient checkpointing: auto = only after the peer ran out of memory without it")
     ap.add_argument("--repeat", type=int, default=1, help="alternate the implementations this many times")
     ap.add_argument("--base-worker", help="another build's ftd-worker, for impls written KERNEL_SET@base")
     args = ap.parse_args()
@@ -83,16 +130,15 @@ def main():
     rows = []
     for b, t in shapes:
         for impl in args.impls.split(",") * args.repeat:
-            if impl == "hf":
-                r = run_hf(tokens, b, t, args.steps)
+            if impl.startswith("hf"):
+                r = run_peer(tokens, b, t, args.steps, impl, args.peer_gc)
             else:
                 ks, _, build = impl.partition("@")
                 if build and not args.base_worker:
                     sys.exit(f"train_bench: --impls names {impl}: give --base-worker")
                 r = run_ours(args.base_worker if build else args.worker, tokens, b, t, args.steps, out,
-                             {"kernel_set": "eager" if ks == "ftd" else ks})
-                if build:
-                    r["impl"] += "@" + build
+                             ftd_options(ks))
+                r["impl"] = "ftd-" + ks + ("@" + build if build else "")
             r.update(batch=b, seq=t, summary=summarize(r["steps"], args.warmup) if r["outcome"] == "SUCCEEDED" else None)
             rows.append(r)
             print(f"# {r['impl']} {b}x{t}: {r['outcome']} {r.get('message', '')[:300]}", flush=True)
@@ -102,7 +148,7 @@ def main():
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         s = r["summary"]
-        hf_runs = [x["summary"]["tokens_per_s"] for x in rows if x["impl"] == "hf-eager" and x["batch"] == r["batch"]
+        hf_runs = [x["summary"]["tokens_per_s"] for x in rows if x["impl"].startswith("hf-eager") and x["batch"] == r["batch"]
                    and x["seq"] == r["seq"] and x["summary"]]
         hf = {"tokens_per_s": statistics.median(hf_runs)} if hf_runs else None
         if s is None:

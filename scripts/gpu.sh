@@ -103,6 +103,26 @@ for stage in "${stages[@]}"; do
       python3 bench/train_bench.py --worker "$build/worker/ftd-worker" --base-worker "$base_build/worker/ftd-worker" \
         --out "$out/ab" --impls fused,fused@base ${AB_ARGS:---shapes 4x2048 --repeat 3} 2>&1 \
         | tee "$out/ab_bench.log" | grep -v "^{" ;;
+    perf)
+      stamp "performance table: ftd fused and its memory options, short context"
+      python3 bench/train_bench.py --worker "$build/worker/ftd-worker" --out "$out/perf" \
+        --shapes 1x512,4x2048,8x2048,16x2048 --impls fused,fused+es,fused+ac=selective,fused+ac=full ${PERF_ARGS:-} 2>&1 \
+        | tee "$out/perf_bench.log" | grep -v "^{" ;;
+    perf-long)
+      stamp "performance table: long context"
+      python3 bench/train_bench.py --worker "$build/worker/ftd-worker" --out "$out/perf-long" \
+        --shapes 1x8192,2x8192,1x32768 --impls fused,fused+ac=selective,fused+ac=full --steps 8 ${PERF_ARGS:-} 2>&1 \
+        | tee "$out/perf_long_bench.log" | grep -v "^{" ;;
+    perf-peers)
+      stamp "performance table: HF peers"
+      python3 bench/train_bench.py --worker "$build/worker/ftd-worker" --out "$out/perf-peers" \
+        --shapes 1x512,4x2048,8x2048,16x2048,1x8192,2x8192 --impls hf,hf-compile,hf-liger --steps 8 ${PERF_ARGS:-} 2>&1 \
+        | tee "$out/perf_peers_bench.log" | grep -v "^{" ;;
+    lora-ac)
+      stamp "LoRA 4x2048 with activation checkpointing"
+      python3 bench/lora_bench.py --worker "$build/worker/ftd-worker" --out "$out/lora-ac" --shapes 4x2048 \
+        --impls fused,fused+ac=selective,fused+ac=full,hf --mem-shapes "" ${LORA_ARGS:-} 2>&1 \
+        | tee "$out/lora_ac_bench.log" | grep -v "^{" ;;
     default)
       "$build/worker/ftd-worker" run --default --format text --set steps=${DEFAULT_STEPS:-10} 2>&1 \
         | tee "$out/default-job.log" | tail -4 ;;
