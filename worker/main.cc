@@ -4,11 +4,14 @@
 // while checkpoints are written. Logs go to stderr. Exit codes: 0 succeeded, 1 failed, 2 invalid
 // spec, 3 GPU out of memory, 4 non-finite loss or gradient, 5 stopped by SIGINT/SIGTERM (after
 // checkpointing, if configured) or by SIGUSR1 (at the next step, without a checkpoint: ftd's plain
-// cancel).
+// cancel). A run always ends with a result line on stdout and an "ftd-worker: exit N (OUTCOME)"
+// line on stderr; an exit without them came from outside this file (worker/stop_signals.h writes
+// its caller's stack).
 #include <stdlib.h>
 
-#include <csignal>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <optional>
@@ -26,17 +29,21 @@
 #include "spec/spec.h"
 #include "worker/data/tokenize_cli.h"
 #include "worker/reports.h"
+#include "worker/stop_signals.h"
 
 namespace {
 
+// Set by the stop-signal thread (worker/stop_signals.h): SIGTERM/SIGINT stop after a checkpoint;
+// SIGUSR1, ftd's plain cancel, stops at the next step without the checkpoint SIGTERM writes.
 std::atomic<bool> g_stop{false};
 std::atomic<bool> g_skip_checkpoint{false};
-static_assert(std::atomic<bool>::is_always_lock_free);
-extern "C" void OnSignal(int) { g_stop.store(true); }
-// ftd's plain cancel: stop at the next step without the checkpoint SIGTERM writes.
-extern "C" void OnStopWithoutCheckpoint(int) {
-  g_skip_checkpoint.store(true);
-  g_stop.store(true);
+
+// The last line of every run on stderr: the exit code and the outcome it stands for.
+int Exit(ftd::engine::Outcome outcome) {
+  const int code = ftd::spec::ExitCode(outcome);
+  std::cerr << "ftd-worker: exit " << code << " (" << ftd::engine::OutcomeName(outcome) << ")" << std::endl;
+  ftd::worker::MarkResultReported();
+  return code;
 }
 
 nlohmann::json StepJson(const ftd::engine::StepMetrics& m) {
@@ -164,14 +171,14 @@ int Run(const std::string& spec_path, bool use_default, const std::vector<std::s
         const ProfileOptions& prof) {
   int code = 0;
   auto config = LoadConfig(spec_path, use_default, sets, &code);
-  if (!config) return code;
+  if (!config) {
+    ftd::worker::MarkResultReported();
+    return code;
+  }
   if (prof.enabled) {
     config->profile.enabled = true;
     config->profile.trace_path = prof.trace;
   }
-  std::signal(SIGINT, OnSignal);
-  std::signal(SIGTERM, OnSignal);
-  std::signal(SIGUSR1, OnStopWithoutCheckpoint);
   ftd::engine::RunHooks hooks;
   const ftd::spec::KernelSet kernel_label = config->Kernels().Label();
   hooks.on_profile = [&](const ftd::engine::ProfileSummary& p) {
@@ -203,7 +210,9 @@ int Run(const std::string& spec_path, bool use_default, const std::vector<std::s
   hooks.stop = &g_stop;
   hooks.skip_checkpoint = &g_skip_checkpoint;
   hooks.phase_times = prof.phase_times;
+  ftd::worker::SetStage("training");
   const auto sum = ftd::engine::RunTraining(*config, hooks);
+  ftd::worker::SetStage("writing the result");
   std::cout << nlohmann::json{{"event", "result"},
                               {"outcome", ftd::engine::OutcomeName(sum.outcome)},
                               {"message", sum.message},
@@ -214,10 +223,11 @@ int Run(const std::string& spec_path, bool use_default, const std::vector<std::s
                               {"last_checkpoint", sum.last_checkpoint}}
                    .dump()
             << std::endl;
+  if (!std::cout) std::cerr << "ftd-worker: writing to stdout failed: " << std::strerror(errno) << "\n";
   if (sum.outcome != ftd::engine::Outcome::kSucceeded) {
     std::cerr << "ftd-worker: " << ftd::engine::OutcomeName(sum.outcome) << ": " << sum.message << "\n";
   }
-  return ftd::spec::ExitCode(sum.outcome);
+  return Exit(sum.outcome);
 }
 
 }  // namespace
@@ -263,20 +273,28 @@ int main(int argc, char** argv) {
   prepare->add_flag("--no-progress", no_progress, "No progress bar on stderr");
   auto tokenize = ftd::data::AddTokenizeCommand(&app);
   CLI11_PARSE(app, argc, argv);
+  if (*run || *profile || *agent) {
+    // Before anything starts a thread (LibTorch, CUDA, NVML, gRPC), so that every thread inherits
+    // the blocked stop signals.
+    ftd::worker::StartStopSignalThread(&g_stop, &g_skip_checkpoint);
+    ftd::worker::InstallExitWatch();
+    ftd::worker::SetStage("reading the spec");
+  }
   if (*prepare) return Prepare(spec_path, sets, !no_progress);
   if (*tokenize->cmd) return ftd::data::RunTokenizeCommand(*tokenize);
   if (*agent) {
     const char* token = std::getenv("FTD_ATTEMPT_TOKEN");
     if (token == nullptr || *token == '\0') {
       std::cerr << "ftd-worker agent: $FTD_ATTEMPT_TOKEN is not set (ftd starts agents; not for use by hand)\n";
+      ftd::worker::MarkResultReported();
       return 2;
     }
     agent_opts.token = token;
     ::unsetenv("FTD_ATTEMPT_TOKEN");  // not inherited by anything the worker starts
-    std::signal(SIGINT, OnSignal);
-    std::signal(SIGTERM, OnSignal);
-    std::signal(SIGUSR1, OnStopWithoutCheckpoint);
-    return ftd::worker::RunAgent(agent_opts, &g_stop, &g_skip_checkpoint);
+    ftd::worker::SetStage("running the agent");
+    const int code = ftd::worker::RunAgent(agent_opts, &g_stop, &g_skip_checkpoint);
+    ftd::worker::MarkResultReported();
+    return code;
   }
   if (*def) {
     std::cout << ftd::spec::TrainSpecToJson(ftd::spec::DefaultTrainSpec(gpu)) << std::endl;

@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from ftdtest import WORKER, make_hf_model, run_worker, write_tokens
+from ftdtest import BUILD, WORKER, make_hf_model, run_worker, write_tokens
 
 DEVICE = os.environ.get("FTD_TEST_DEVICE", "cpu")
 pytestmark = pytest.mark.skipif(DEVICE.startswith("cuda") and not torch.cuda.is_available(),
@@ -187,6 +187,50 @@ def test_sigterm_at_random_moments(tmp_path):
         assert names == (complete_checkpoints(ck) if names else []), where
         assert len(names) <= 2 and not [n for n in names if n.endswith(".tmp")], where
     assert done >= 10, f"the runs got to step {done} only (seed {seed})"
+
+
+def test_sigterm_while_reading_the_spec_cancels_cleanly(tmp_path):
+    """A SIGTERM that comes before training starts (here while the worker waits to read its spec
+    from a FIFO) is taken by the worker's signal thread, not by the default action: the run stops
+    before its first step with a CANCELLED result, exit 5, and says on stderr which signal came
+    while it was doing what."""
+    spec = tmp_path / "spec.json"
+    os.mkfifo(spec)
+    p = subprocess.Popen([str(WORKER), "run", str(spec)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.5)
+    p.send_signal(signal.SIGTERM)
+    time.sleep(0.2)
+    try:  # non-blocking: a worker the signal killed has no reader open
+        fd = os.open(spec, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as e:
+        p.kill()
+        pytest.fail(f"the worker stopped reading its spec after SIGTERM ({e}; exit {p.wait()})")
+    os.set_blocking(fd, True)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(tiny(tmp_path / "ck", steps=5)))
+    out, err = p.communicate(timeout=120)
+    lines = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+    assert p.returncode == 5, err
+    results = [l for l in lines if l["event"] == "result"]
+    assert len(results) == 1 and results[0]["outcome"] == "CANCELLED", out
+    assert results[0]["steps_done"] == 0 and not [l for l in lines if l["event"] == "step"], out
+    assert "received SIGTERM: stopping at the next step (while reading the spec)" in err, err
+    assert err.rstrip().endswith("ftd-worker: exit 5 (CANCELLED)"), err
+
+
+def test_an_exit_from_inside_a_library_names_its_caller(tmp_path):
+    """exit() called by a library rather than by the worker (here fsync, interposed, exits 4 while the
+    first checkpoint is written) leaves no result line; the worker's exit hook says so on stderr with
+    the stage and the caller's stack, which names the library."""
+    shim = BUILD / "tests" / "libftd_exit_preload.so"
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(tiny(tmp_path / "ck", steps=10)))
+    env = dict(os.environ, LD_PRELOAD=str(shim), FTD_EXIT_IN_FSYNC="4")
+    p = subprocess.run([str(WORKER), "run", str(path)], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 4, p.stderr
+    assert '"event": "result"' not in p.stdout and '"event":"result"' not in p.stdout, p.stdout
+    assert "exit() called while training, before a result was reported" in p.stderr, p.stderr
+    assert "libftd_exit_preload.so" in p.stderr, p.stderr
 
 
 def run_lines(spec, tmp):
