@@ -131,8 +131,10 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(const std::string& json_text) {
   json j;
   try {
     j = json::parse(json_text);
-  } catch (const json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("config.json is not valid JSON: ", e.what()));
+  } catch (const json::exception&) {
+    // Not the parser's message: it quotes the bytes it read, and the file may be one the caller
+    // may not read.
+    return absl::InvalidArgumentError("config.json is not valid JSON");
   }
   if (!j.is_object()) return absl::InvalidArgumentError("config.json must hold a JSON object");
   std::string model_type;

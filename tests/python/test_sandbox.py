@@ -1,6 +1,7 @@
 """The file sandbox (docs/security.md, "Files"), with real daemons, the real ftctl and real
 workers: paths confined to the configured roots at submit, the worker's own confinement at open,
 workers off root, file modes, errors that leak nothing, and the attempt token out of `ps`."""
+import json
 import os
 import pwd
 import shutil
@@ -13,7 +14,7 @@ import pytest
 
 from ftdapi import JobService, msg, spec
 from ftdservice import FTCTL, TINY, Daemon, ftctl, get, submit, wait_for
-from test_auth import ALICE, BOB, denied, local_users  # noqa: F401 (a fixture)
+from test_auth import ALICE, BOB, denied, local_users, ok  # noqa: F401 (a fixture)
 
 
 def running(daemon, job_id):
@@ -122,3 +123,51 @@ def test_symlinks_out_of_the_root_and_missing_inputs_are_refused(roots):
     assert not Path("/etc/x").exists()
     p = user_ftctl(ALICE, roots, "submit", "--default", "--set", f"data.path={alice_root}/nope.bin")
     assert p.returncode != 0 and "spec.data.path" in p.stderr and "does not exist" in p.stderr, p.stderr
+
+
+# --- errors leak nothing -------------------------------------------------------------------------
+
+@pytest.fixture
+def open_daemon(tmp_path, local_users):
+    """A daemon without roots (the default) on a socket other local users can reach."""
+    base = Path(tempfile.mkdtemp(prefix="ftd-open-"))
+    base.chmod(0o755)
+    d = Daemon(tmp_path, socket=base / "ftd.sock")
+    d.base = base
+    yield d
+    d.stop()
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def finished(user, daemon, job_id):
+    got = json.loads(user_ftctl(user, daemon, "get", job_id, "-o", "json").stdout or "{}")
+    return got if got.get("state") in ("SUCCEEDED", "FAILED", "CANCELLED") else None
+
+
+def test_errors_about_a_file_the_caller_may_not_read_leak_none_of_it(open_daemon):
+    """Alice points jobs at root's files (the worker may read them; she may not): the job fails, and
+    neither its message nor its log quotes the bytes, a snippet or the size of the file."""
+    d = open_daemon
+    secret = d.base / "secret"
+    secret.mkdir(mode=0o700)
+    tokens = secret / "tokens.bin"
+    tokens.write_bytes(b"hunter2-secret-bytes")  # ids 0x7568 = 30056 ... far beyond the tiny vocab
+    odd = secret / "odd.bin"
+    odd.write_bytes(b"hunter2-secret-bytes!")  # 21 bytes: not a uint16 token file
+    config = secret / "config.json"
+    config.write_text('{"hidden_size": "hunter2-secret')  # the parser quotes an unterminated string
+    for f in (tokens, odd, config):
+        f.chmod(0o600)
+    cases = [(dict(TINY, data={"path": str(tokens)}), tokens, "not a valid token file"),
+             (dict(TINY, data={"path": str(odd)}), odd, "not a valid token file"),
+             (dict(TINY, model={"config_path": str(config)}), config, "not valid JSON")]
+    for i, (job_spec, path, expect) in enumerate(cases):
+        spec_file = d.base / f"spec-{i}.json"
+        spec_file.write_text(json.dumps(dict(job_spec, steps=1)))
+        spec_file.chmod(0o644)
+        job = ok(user_ftctl(ALICE, d, "submit", str(spec_file)))
+        got = wait_for(lambda: finished(ALICE, d, job), 120, f"the job on {path.name} to end")
+        text = got["message"] + got.get("result", {}).get("message", "") + ok(user_ftctl(ALICE, d, "logs", job))
+        assert got["state"] == "FAILED" and expect in got["message"], got
+        for leak in ("hunter2", "secret-bytes", "30056", "28009", "21 bytes", "20 bytes", "last read"):
+            assert leak not in text, (leak, text)

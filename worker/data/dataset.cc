@@ -176,8 +176,8 @@ absl::Status TokenizeJsonlLine(Encoder& enc, std::string_view line, const JsonlF
   json doc;
   try {
     doc = json::parse(line);
-  } catch (const json::parse_error& e) {
-    return absl::InvalidArgumentError(absl::StrCat("not valid JSON (", e.what(), ")"));
+  } catch (const json::parse_error&) {
+    return absl::InvalidArgumentError("not valid JSON");  // the parser's message quotes the line
   }
   if (!doc.is_object()) return absl::InvalidArgumentError("not a JSON object");
   const Tokenizer& tok = enc.tokenizer();

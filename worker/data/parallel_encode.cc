@@ -172,8 +172,8 @@ absl::StatusOr<EncodedJsonl> EncodeJsonlField(const Tokenizer& tokenizer, std::s
       nlohmann::json doc;
       try {
         doc = nlohmann::json::parse(line);
-      } catch (const nlohmann::json::parse_error& e) {
-        out.bad.push_back({line_no, absl::StrCat("not valid JSON (", e.what(), ")")});
+      } catch (const nlohmann::json::parse_error&) {
+        out.bad.push_back({line_no, "not valid JSON"});  // the parser's message quotes the line
         continue;
       }
       if (!doc.is_object()) {

@@ -150,8 +150,9 @@ absl::Status TokenData::Load(const DataConfig& cfg, const std::string& path, con
   }
   elem_size_ = cfg.token_dtype == "uint32" ? 4 : 2;
   if (size % static_cast<size_t>(elem_size_) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": ", path, " has ", size, " bytes, not a multiple of ",
-                                                   elem_size_, " (check spec.data.token_dtype)"));
+    // No size, no content: the message may reach a caller who may not read the file.
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", path, " is not a valid token file: its size is not a "
+                                                   "multiple of ", elem_size_, " bytes (check spec.data.token_dtype)"));
   }
   if (size > 0) {
     map_ = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd->get(), 0);
@@ -187,8 +188,10 @@ absl::Status TokenData::CheckVocab() const {
   for (int64_t i = 0; i < num_tokens_; ++i) {
     const int64_t id = Token(i);
     if (id >= vocab_) {
+      // Neither the position nor the id: they are the file's bytes, and the message may reach a caller
+      // who may not read the file.
       return absl::InvalidArgumentError(absl::StrCat(
-          "token ", i, " of ", name_, " is id ", id, ", outside the model's vocab_size ", vocab_,
+          name_, " is not a valid token file for this model: it holds ids outside the model's vocab_size ", vocab_,
           docs_.empty() ? " (check spec.data.token_dtype and the tokenizer that wrote the file)"
                         : " (the tokenizer in spec.data.tokenizer_path does not match the model)"));
     }
