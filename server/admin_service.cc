@@ -5,6 +5,15 @@
 
 namespace ftd::server {
 
+AdminServiceImpl::AdminServiceImpl(const CallAuth* auth, AuthStore* store, const Clock* clock)
+    : ParsedService("ftd.v1.AdminService"), auth_(auth), store_(store), clock_(clock) {
+  Register("WhoAmI", &AdminServiceImpl::WhoAmI);
+  Register("CreateToken", &AdminServiceImpl::CreateToken);
+  Register("ListTokens", &AdminServiceImpl::ListTokens);
+  Register("RevokeToken", &AdminServiceImpl::RevokeToken);
+  Register("ListAudit", &AdminServiceImpl::ListAudit);
+}
+
 grpc::Status AdminServiceImpl::WhoAmI(grpc::ServerContext* ctx, const ftd::v1::WhoAmIRequest* req,
                                       ftd::v1::Identity* resp) {
   return Authed(auth_, ctx, req, resp, [&](const Identity& who) {

@@ -29,15 +29,15 @@ ino_t InodeOf(int fd) {
   return st.st_ino;
 }
 
-std::string UserName(uid_t uid) {
+}  // namespace
+
+std::string LocalUserName(uid_t uid) {
   struct passwd pw {};
   struct passwd* out = nullptr;
   char buf[4096];
   if (getpwuid_r(uid, &pw, buf, sizeof buf, &out) == 0 && out != nullptr) return out->pw_name;
   return absl::StrCat("uid:", uid);
 }
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Listen(const std::string& path) {
   sockaddr_un addr{};
@@ -142,7 +142,7 @@ std::optional<ucred> UnixListener::PeerOf(const std::string& grpc_peer) const {
 
 Identity Authenticator::Local(const ucred& c) const {
   Identity id;
-  id.set_user(UserName(c.uid));
+  id.set_user(LocalUserName(c.uid));
   const bool admin = c.uid == 0 || c.uid == cfg_.daemon_uid || cfg_.admins.count(id.user()) > 0;
   id.set_role(admin ? ftd::v1::ROLE_ADMIN : ftd::v1::ROLE_USER);
   id.set_via(absl::StrCat("unix socket uid ", c.uid));

@@ -37,6 +37,9 @@ namespace ftd::server {
 
 using Identity = ftd::v1::Identity;
 
+// The name of local user `uid` ("alice"), or "uid:1234" when it has none.
+std::string LocalUserName(uid_t uid);
+
 // ftd's unix socket for local clients: accepts connections, records each peer's credentials, and
 // gives the connection to a gRPC server.
 class UnixListener {

@@ -27,6 +27,7 @@
 #include "server/memory_fit.h"
 #include "server/listen_config.h"
 #include "server/metrics.h"
+#include "server/offline_tokens.h"
 #include "server/service.h"
 #include "server/store.h"
 #include "server/worker_cgroups.h"
@@ -136,7 +137,52 @@ int main(int argc, char** argv) {
   app.add_option("--read-only-root", sandbox.read_only_roots,
                  "a shared directory every job may read, e.g. /srv/models (repeatable). With no root at all, spec "
                  "paths are not confined (docs/security.md)");
+  // ftd token create|list|revoke: on auth.db directly, the daemon running or not.
+  auto* token = app.add_subcommand("token", "Create, list and revoke bearer tokens on DATA_DIR/auth.db directly "
+                                            "(with ftd stopped or running; docs/security.md)");
+  token->require_subcommand(1);
+  ftd::server::TokenCommand tc;
+  std::string ttl;
+  auto* create = token->add_subcommand("create", "Issue a token for USER; its secret is printed once, on stdout");
+  create->add_option("user", tc.user, "the user the token authenticates")->required();
+  create->add_option("--role", tc.role, "user or admin")->check(CLI::IsMember({"user", "admin"}))->capture_default_str();
+  create->add_option("--ttl", ttl, "lifetime: 90d, 12h, 30m (default 90d)");
+  create->add_option("--description", tc.description, "what the token is for (at most 200 characters)");
+  auto* list = token->add_subcommand("list", "List tokens (never their secrets)");
+  list->add_option("--user", tc.user, "only this user's");
+  list->add_flag("--all", tc.all, "also revoked and expired tokens");
+  auto* revoke = token->add_subcommand("revoke", "Revoke a token by its id (ftd token list)");
+  revoke->add_option("id", tc.id, "token id")->required();
+  for (CLI::App* sub : {token, create, list, revoke}) sub->fallthrough();  // --data-dir after the verb
   CLI11_PARSE(app, argc, argv);
+  if (token->parsed()) {
+    tc.verb = create->parsed() ? ftd::server::TokenCommand::Verb::kCreate
+              : list->parsed() ? ftd::server::TokenCommand::Verb::kList
+                               : ftd::server::TokenCommand::Verb::kRevoke;
+    if (!ttl.empty()) {
+      auto ms = ftd::spec::ParseAge(ttl);
+      if (!ms.ok()) {
+        std::cerr << "ftd token: --ttl: " << ms.status().message() << "\n";
+        return 2;
+      }
+      tc.ttl_s = *ms / 1000;
+    }
+    std::error_code dir_ec;
+    fs::create_directories(data_dir, dir_ec);
+    auto tokens = ftd::server::AuthStore::Open((fs::path(data_dir) / "auth.db").string());
+    if (!tokens.ok()) {
+      std::cerr << "ftd token: " << tokens.status().message() << "\n";
+      return 1;
+    }
+    ftd::server::RealClock now;
+    if (auto st = ftd::server::RunTokenCommand(tokens->get(), tc, ftd::server::LocalUserName(::getuid()), now.UnixMs(),
+                                               std::cout, std::cerr);
+        !st.ok()) {
+      std::cerr << "ftd token: " << st.message() << "\n";
+      return 1;
+    }
+    return 0;
+  }
   int64_t retention_ms = 0;
   if (!retention.empty()) {
     auto d = ftd::spec::ParseAge(retention);
@@ -245,6 +291,13 @@ int main(int argc, char** argv) {
   ftd::server::JobServiceImpl jobs(&manager, &stopping, &call_auth, priority_cap);
   ftd::server::AdminServiceImpl admin(&call_auth, auth_store->get(), &clock);
   ftd::server::WorkerServiceImpl workers(&manager);
+  for (const ftd::server::ParsedService* s : {static_cast<const ftd::server::ParsedService*>(&jobs),
+                                              static_cast<const ftd::server::ParsedService*>(&admin)}) {
+    if (auto missing = s->Unregistered(); !missing.empty()) {
+      std::cerr << "ftd: no handler registered for " << missing.front() << "\n";
+      return 1;
+    }
+  }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder pub;
   int port = 0;

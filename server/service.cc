@@ -36,27 +36,27 @@ absl::Status RequireId(const std::string& id) {
 
 }  // namespace
 
-grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
-                                                    grpc::ByteBuffer* out) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  ftd::v1::SubmitJobRequest req;
-  ftd::v1::SubmitJobResponse resp;
-  reactor->Finish(Authed(auth_, ctx, &req, &resp, [&](const Identity& who) {
-    std::vector<grpc::Slice> slices;
-    if (!in->Dump(&slices).ok()) return ToGrpc(absl::InvalidArgumentError("the request could not be read"));
-    std::string wire;
-    for (const auto& s : slices) wire.append(reinterpret_cast<const char*>(s.begin()), s.size());
-    if (!req.ParseFromString(wire)) {
-      const std::string field = FindInvalidUtf8(req.GetDescriptor(), wire);
-      return ToGrpc(absl::InvalidArgumentError(
-          field.empty() ? "the request is not a valid ftd.v1.SubmitJobRequest (malformed protobuf)"
-                        : field + " is not valid UTF-8; send text encoded as UTF-8"));
-    }
-    if (auto st = Submit(who, req, &resp); !st.ok()) return st;
-    bool own = false;
-    return grpc::SerializationTraits<ftd::v1::SubmitJobResponse>::Serialize(resp, out, &own);
-  }));
-  return reactor;
+JobServiceImpl::JobServiceImpl(JobManager* m, const std::atomic<bool>* stopping, const CallAuth* auth,
+                               int priority_cap)
+    : ParsedService("ftd.v1.JobService"), m_(m), stopping_(stopping), auth_(auth), priority_cap_(priority_cap) {
+  Register("SubmitJob", &JobServiceImpl::SubmitJob);
+  Register("GetJob", &JobServiceImpl::GetJob);
+  Register("ListJobs", &JobServiceImpl::ListJobs);
+  Register("CancelJob", &JobServiceImpl::CancelJob);
+  Register("WatchJob", &JobServiceImpl::WatchJob);
+  Register("GetTrace", &JobServiceImpl::GetTrace);
+  Register("DeleteJob", &JobServiceImpl::DeleteJob);
+  Register("PruneJobs", &JobServiceImpl::PruneJobs);
+  Register("ResubmitJob", &JobServiceImpl::ResubmitJob);
+  Register("GetLogs", &JobServiceImpl::GetLogs);
+  Register("PauseScheduler", &JobServiceImpl::PauseScheduler);
+  Register("ResumeScheduler", &JobServiceImpl::ResumeScheduler);
+  Register("GetScheduler", &JobServiceImpl::GetScheduler);
+}
+
+grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* ctx, const ftd::v1::SubmitJobRequest* req,
+                                       ftd::v1::SubmitJobResponse* resp) {
+  return Authed(auth_, ctx, req, resp, [&](const Identity& who) { return Submit(who, *req, resp); });
 }
 
 grpc::Status JobServiceImpl::Submit(const Identity& who, const ftd::v1::SubmitJobRequest& req,

@@ -13,37 +13,34 @@
 #include "ftd/v1/worker.grpc.pb.h"
 #include "server/auth.h"
 #include "server/job_manager.h"
+#include "server/parsed_service.h"
 
 namespace ftd::server {
 
-// SubmitJob takes the request's bytes and parses them itself, so that a string field holding
-// invalid UTF-8 is refused with INVALID_ARGUMENT naming the field (gRPC's own parse would answer a
-// bare INTERNAL); the other methods are plain synchronous handlers.
-class JobServiceImpl final
-    : public ftd::v1::JobService::WithRawCallbackMethod_SubmitJob<ftd::v1::JobService::Service> {
+// Synchronous handlers, registered through ParsedService (a request that does not parse, such as a
+// string field holding invalid UTF-8, is INVALID_ARGUMENT naming the field).
+class JobServiceImpl final : public ParsedService {
  public:
   // `priority_cap`: the highest priority a non-admin may submit with.
-  JobServiceImpl(JobManager* m, const std::atomic<bool>* stopping, const CallAuth* auth, int priority_cap)
-      : m_(m), stopping_(stopping), auth_(auth), priority_cap_(priority_cap) {}
-  grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext*, const grpc::ByteBuffer*,
-                                      grpc::ByteBuffer*) override;
-  grpc::Status GetJob(grpc::ServerContext*, const ftd::v1::GetJobRequest*, ftd::v1::Job*) override;
-  grpc::Status ListJobs(grpc::ServerContext*, const ftd::v1::ListJobsRequest*, ftd::v1::ListJobsResponse*) override;
-  grpc::Status CancelJob(grpc::ServerContext*, const ftd::v1::CancelJobRequest*, ftd::v1::Job*) override;
+  JobServiceImpl(JobManager* m, const std::atomic<bool>* stopping, const CallAuth* auth, int priority_cap);
+  grpc::Status SubmitJob(grpc::ServerContext*, const ftd::v1::SubmitJobRequest*, ftd::v1::SubmitJobResponse*);
+  grpc::Status GetJob(grpc::ServerContext*, const ftd::v1::GetJobRequest*, ftd::v1::Job*);
+  grpc::Status ListJobs(grpc::ServerContext*, const ftd::v1::ListJobsRequest*, ftd::v1::ListJobsResponse*);
+  grpc::Status CancelJob(grpc::ServerContext*, const ftd::v1::CancelJobRequest*, ftd::v1::Job*);
   grpc::Status WatchJob(grpc::ServerContext*, const ftd::v1::WatchJobRequest*,
-                        grpc::ServerWriter<ftd::v1::JobEvent>*) override;
+                        grpc::ServerWriter<ftd::v1::JobEvent>*);
   grpc::Status GetTrace(grpc::ServerContext*, const ftd::v1::GetTraceRequest*,
-                        grpc::ServerWriter<ftd::v1::TraceChunk>*) override;
-  grpc::Status DeleteJob(grpc::ServerContext*, const ftd::v1::DeleteJobRequest*, ftd::v1::DeleteJobResponse*) override;
-  grpc::Status PruneJobs(grpc::ServerContext*, const ftd::v1::PruneJobsRequest*, ftd::v1::PruneJobsResponse*) override;
+                        grpc::ServerWriter<ftd::v1::TraceChunk>*);
+  grpc::Status DeleteJob(grpc::ServerContext*, const ftd::v1::DeleteJobRequest*, ftd::v1::DeleteJobResponse*);
+  grpc::Status PruneJobs(grpc::ServerContext*, const ftd::v1::PruneJobsRequest*, ftd::v1::PruneJobsResponse*);
   grpc::Status ResubmitJob(grpc::ServerContext*, const ftd::v1::ResubmitJobRequest*,
-                           ftd::v1::SubmitJobResponse*) override;
+                           ftd::v1::SubmitJobResponse*);
   grpc::Status GetLogs(grpc::ServerContext*, const ftd::v1::GetLogsRequest*,
-                       grpc::ServerWriter<ftd::v1::LogChunk>*) override;
-  grpc::Status PauseScheduler(grpc::ServerContext*, const ftd::v1::SchedulerRequest*, ftd::v1::SchedulerState*) override;
+                       grpc::ServerWriter<ftd::v1::LogChunk>*);
+  grpc::Status PauseScheduler(grpc::ServerContext*, const ftd::v1::SchedulerRequest*, ftd::v1::SchedulerState*);
   grpc::Status ResumeScheduler(grpc::ServerContext*, const ftd::v1::SchedulerRequest*,
-                               ftd::v1::SchedulerState*) override;
-  grpc::Status GetScheduler(grpc::ServerContext*, const ftd::v1::SchedulerRequest*, ftd::v1::SchedulerState*) override;
+                               ftd::v1::SchedulerState*);
+  grpc::Status GetScheduler(grpc::ServerContext*, const ftd::v1::SchedulerRequest*, ftd::v1::SchedulerState*);
 
  private:
   grpc::Status Submit(const Identity& who, const ftd::v1::SubmitJobRequest& req, ftd::v1::SubmitJobResponse* resp);

@@ -26,7 +26,7 @@ def _pool():
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "ftd.pb"
         subprocess.run([protoc, f"--proto_path={PROTO}", "--include_imports", f"--descriptor_set_out={out}",
-                        str(PROTO / "ftd" / "v1" / "jobs.proto")], check=True)
+                        str(PROTO / "ftd" / "v1" / "jobs.proto"), str(PROTO / "ftd" / "v1" / "admin.proto")], check=True)
         fds = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes())
     pool = descriptor_pool.DescriptorPool()
     for f in fds.file:

@@ -179,6 +179,42 @@ def test_tokens_unknown_revoked_expired_are_unauthenticated_a_good_one_works(pau
         assert f.read_text().strip().split("_")[2] not in log
 
 
+def test_offline_token_commands_work_with_the_daemon_stopped_and_running(tmp_path):
+    data = tmp_path / "data"
+
+    def offline(*args):
+        return subprocess.run([str(FTD), "token", *args, "--data-dir", str(data)], capture_output=True, text=True,
+                              timeout=60)
+
+    # The first admin token, made before ftd ever ran.
+    p = offline("create", "dana", "--role", "admin", "--ttl", "2d", "--description", "first admin")
+    secret = ok(p)
+    assert secret.startswith("ftd_") and "shown only now" in p.stderr and secret not in p.stderr
+    tid = secret.split("_")[1]
+    token = tmp_path / "dana"
+    token.write_text(secret)
+    token.chmod(0o600)
+    listed = ok(offline("list"))
+    assert f"{tid} dana" in listed and "first admin" in listed and secret.split("_")[2] not in listed
+    p = offline("create", "Not-A-Name")
+    assert p.returncode == 1 and "ftd token: user" in p.stderr, p.stderr
+    d = Daemon(tmp_path)
+    try:
+        assert ok(tcp(d, "whoami", token=token)).startswith(f"dana (admin) via token {tid}")
+        # Revoked offline while ftd runs: the next call is refused, and the audit log says who did it.
+        ok(offline("revoke", tid))
+        denied(tcp(d, "whoami", token=token), "UNAUTHENTICATED", "revoked")
+        audit = json.loads(ok(ftctl(d, "admin", "audit", "-o", "json")))["records"]
+        actions = [(r["action"], r.get("via", "")) for r in audit]
+        assert ("RevokeToken", "ftd token (offline, on auth.db)") in actions, actions
+        assert ("CreateToken", "ftd token (offline, on auth.db)") in actions, actions
+    finally:
+        d.stop()
+    assert tid not in ok(offline("list"))
+    row = next(line for line in ok(offline("list", "--all")).splitlines() if line.startswith(tid))
+    assert row.split()[5] != "-", row  # the REVOKED column has a date
+
+
 def test_token_is_not_sent_in_clear_off_the_machine(tmp_path):
     token = tmp_path / "t"
     token.write_text("ftd_" + "0" * 12 + "_" + "1" * 64)

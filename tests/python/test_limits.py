@@ -8,7 +8,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from ftdapi import JobService, enum_name, msg, spec
+from ftdapi import POOL, JobService, enum_name, msg, spec
 from ftdservice import TINY, Daemon, wait_for
 
 
@@ -66,12 +66,55 @@ def test_huge_strings_are_refused_and_records_stay_small(tmp_path):
         d.stop()
 
 
-def test_invalid_utf8_is_invalid_argument_naming_the_field(daemon):
+def _varint(n):
+    out = b""
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out += bytes([b | (0x80 if n else 0)])
+        if not n:
+            return out
+
+
+def _bad_utf8_wire(desc):
+    """Wire bytes of a `desc` message whose first string field (depth first, maps aside) holds invalid
+    UTF-8, and that field's path; or (b"", None) if the message has no string field."""
+    for f in desc.fields:
+        if f.type == f.TYPE_STRING:
+            return b"".join([_varint(f.number << 3 | 2), _varint(2), b"\xff\xfe"]), f.name
+    for f in desc.fields:
+        if f.type == f.TYPE_MESSAGE and not f.message_type.GetOptions().map_entry:
+            inner, path = _bad_utf8_wire(f.message_type)
+            if path is not None:
+                return b"".join([_varint(f.number << 3 | 2), _varint(len(inner)), inner]), f"{f.name}.{path}"
+    return b"", None
+
+
+def test_a_request_that_does_not_parse_is_invalid_argument_naming_the_field_on_every_method(daemon):
+    # gRPC parses requests before any handler and answered INTERNAL with an empty message.
+    channel = grpc.insecure_channel(daemon.addr)
+    raw = dict(request_serializer=lambda b: b, response_deserializer=lambda b: b)
+    checked = 0
+    for service in ("ftd.v1.JobService", "ftd.v1.AdminService"):
+        for m in POOL.FindServiceByName(service).methods:
+            path = f"/{service}/{m.name}"
+            call = (channel.unary_stream if m.server_streaming else channel.unary_unary)(path, **raw)
+            invoke = (lambda w: list(call(w, timeout=20))) if m.server_streaming else (lambda w: call(w, timeout=20))
+            wire, field = _bad_utf8_wire(m.input_type)
+            cases = [(wire, f"{field} is not valid UTF-8; send text encoded as UTF-8")] if field else []
+            # A truncated length-delimited field: malformed whatever the message.
+            cases.append((b"\x0a\x7f", f"the request is not a valid {m.input_type.full_name} (malformed protobuf"))
+            for w, expected in cases:
+                code, details = refused(lambda: invoke(w))
+                assert code == grpc.StatusCode.INVALID_ARGUMENT, (path, w, code, details)
+                assert details.startswith(expected), (path, details)
+                checked += 1
+    assert checked >= 30, checked
+    # Nested and top-level fields of SubmitJob, and the same request once valid.
     good = msg("SubmitJobRequest")(name="NAME", owner="OWNR", spec=spec(dict(TINY, data={"path": "/PATH"})))
     wire = good.SerializeToString()
     for marker, field in ((b"NAME", "name"), (b"OWNR", "owner"), (b"PATH", "spec.data.path")):
         code, details = refused(lambda: submit_raw(daemon, wire.replace(marker, b"\xff\xfe" + marker[2:])))
-        assert code == grpc.StatusCode.INVALID_ARGUMENT, (code, details)  # was INTERNAL with no message
+        assert code == grpc.StatusCode.INVALID_ARGUMENT, (code, details)
         assert details.startswith(field + " is not valid UTF-8"), details
     assert submit_raw(daemon, wire).created
 
