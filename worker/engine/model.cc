@@ -1,5 +1,6 @@
 #include "worker/engine/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -299,6 +300,68 @@ torch::Tensor LlamaModel::Rotate(const torch::Tensor& x, int64_t seq_len, const 
   return t * cos + RotateHalf(t) * sin;
 }
 
+void LlamaModel::SetKernels(const KernelChoice& k, const spec::KernelTuning& tuning) {
+  kernels_ = k;
+  tuning_ = tuning;
+  if (tuning.fused_projections && !fused_projections_) FuseProjectionWeights();
+}
+
+void LlamaModel::FuseProjectionWeights() {
+  torch::NoGradGuard no_grad;
+  auto fuse = [&](std::vector<torch::Tensor*> ws) {
+    std::vector<torch::Tensor> parts;
+    for (auto* w : ws) parts.push_back(*w);
+    auto buffer = torch::cat(parts, 0);
+    int64_t row = 0;
+    for (auto* w : ws) {
+      // A leaf of its own (the optimizer's and the checkpoints' parameter) on the buffer's rows.
+      auto block = buffer.narrow(0, row, w->size(0)).detach();
+      block.set_requires_grad(w->requires_grad());
+      row += w->size(0);
+      for (auto& [name, t] : params_) {
+        if (t.is_same(*w)) t = block;
+      }
+      *w = block;
+    }
+  };
+  for (auto& L : layers_) {
+    fuse({&L.q, &L.k, &L.v});
+    fuse({&L.gate, &L.up});
+  }
+  fused_projections_ = true;
+}
+
+namespace {
+
+// Weights whose rows lie back to back in one storage (FuseProjectionWeights) as one [sum of rows, in]
+// tensor, without a copy; backward gives each weight its rows of the gradient.
+struct ConcatRowsFn : public torch::autograd::Function<ConcatRowsFn> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, at::TensorList ws) {
+    const auto& w0 = ws[0];
+    std::vector<int64_t> rows;
+    int64_t total = 0;
+    for (const auto& w : ws) {
+      TORCH_CHECK(w.is_contiguous() && w.size(1) == w0.size(1) && w.storage().is_alias_of(w0.storage()) &&
+                      w.storage_offset() == w0.storage_offset() + total * w0.size(1),
+                  "fused projections: the weights are not consecutive rows of one buffer");
+      rows.push_back(w.size(0));
+      total += w.size(0);
+    }
+    auto all = torch::empty({0}, w0.options());
+    all.set_(w0.storage(), w0.storage_offset(), {total, w0.size(1)}, {w0.size(1), 1});
+    ctx->saved_data["rows"] = rows;
+    return all;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto rows = ctx->saved_data["rows"].toIntVector();
+    auto parts = grads[0].contiguous().split_with_sizes(rows, 0);
+    return torch::autograd::variable_list(parts.begin(), parts.end());
+  }
+};
+
+}  // namespace
+
 torch::Tensor LlamaModel::Project(const torch::Tensor& x, const torch::Tensor& w, const LoraAdapter& ad,
                                   bool train) const {
   if (!ad.on()) return torch::linear(x, w);
@@ -307,6 +370,13 @@ torch::Tensor LlamaModel::Project(const torch::Tensor& x, const torch::Tensor& w
 
 std::vector<torch::Tensor> LlamaModel::ProjectShared(const torch::Tensor& x, const std::vector<torch::Tensor>& ws,
                                                      const std::vector<const LoraAdapter*>& ads, bool train) const {
+  if (fused_projections_ && ws.size() > 1 &&
+      std::none_of(ads.begin(), ads.end(), [](const LoraAdapter* ad) { return ad->on(); })) {
+    // One GEMM over the concatenated weights; the outputs are column blocks of its result.
+    std::vector<int64_t> cols;
+    for (const auto& w : ws) cols.push_back(w.size(0));
+    return torch::linear(x, ConcatRowsFn::apply(at::TensorList(ws))).split_with_sizes(cols, -1);
+  }
   std::vector<torch::Tensor> out(ws.size());
   // The grouped function has no dropout: with lora.dropout > 0 the eager path runs.
   const bool grouped = lora_.enabled && kernels_[KernelOp::kLora] && !(lora_.dropout > 0 && train);

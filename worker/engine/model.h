@@ -79,10 +79,10 @@ class LlamaModel {
                          const PackedLayout& layout = {});
 
   // Which ops run ftd's fused CUDA kernels (default: none, LibTorch's composite ops), and their tuning.
-  void SetKernels(const KernelChoice& k, const spec::KernelTuning& tuning = {}) {
-    kernels_ = k;
-    tuning_ = tuning;
-  }
+  // With tuning.fused_projections, each layer's q/k/v weights and its gate/up weights move into one
+  // buffer each (the named parameters become row blocks of it, so checkpoints keep HF's names):
+  // call before LoadWeights, EnableLora and the optimizer, which hold the parameters.
+  void SetKernels(const KernelChoice& k, const spec::KernelTuning& tuning = {});
   const KernelChoice& kernels() const { return kernels_; }
   // What each decoder layer keeps for backward (spec.activation_checkpointing); default none.
   void SetActivationCheckpointing(spec::ActivationCheckpointing a) { activation_checkpointing_ = a; }
@@ -114,6 +114,8 @@ class LlamaModel {
   std::vector<torch::Tensor> ProjectShared(const torch::Tensor& x, const std::vector<torch::Tensor>& ws,
                                            const std::vector<const LoraAdapter*>& ads, bool train) const;
   absl::Status WriteWeights(const std::string& dir, bool merged, ProgressMeter* progress) const;
+  // Moves q/k/v and gate/up of every layer into one buffer each (tuning.fused_projections).
+  void FuseProjectionWeights();
 
   LlamaConfig config_;
   torch::Device device_;
@@ -128,6 +130,7 @@ class LlamaModel {
   KernelChoice kernels_;
   spec::KernelTuning tuning_;
   spec::ActivationCheckpointing activation_checkpointing_ = spec::ActivationCheckpointing::kNone;
+  bool fused_projections_ = false;  // FuseProjectionWeights ran
   spec::LoraConfig lora_;  // enabled: LoRA
   std::vector<std::pair<std::string, torch::Tensor>> adapters_;  // PEFT names, layer by layer, A then B
   std::string weights_dir_;  // what LoadWeights read
