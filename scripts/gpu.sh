@@ -118,6 +118,11 @@ for stage in "${stages[@]}"; do
       python3 bench/train_bench.py --worker "$build/worker/ftd-worker" --out "$out/perf-peers" \
         --shapes 1x512,4x2048,8x2048,16x2048,1x8192,2x8192 --impls hf,hf-compile,hf-liger --steps 8 ${PERF_ARGS:-} 2>&1 \
         | tee "$out/perf_peers_bench.log" | grep -v "^{" ;;
+    perf-levers)
+      stamp "performance levers one by one"
+      python3 bench/train_bench.py --worker "$build/worker/ftd-worker" --out "$out/perf-levers" \
+        --shapes 1x512,4x2048 --impls fused,fused+fp,fused+es,fused+fp+ac=selective ${PERF_ARGS:-} 2>&1 \
+        | tee "$out/perf_levers_bench.log" | grep -v "^{" ;;
     lora-ac)
       stamp "LoRA 4x2048 with activation checkpointing"
       python3 bench/lora_bench.py --worker "$build/worker/ftd-worker" --out "$out/lora-ac" --shapes 4x2048 \
