@@ -9,6 +9,7 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <prometheus/exposer.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -73,9 +74,23 @@ std::string DefaultDataDir() {
   return "ftd-data";
 }
 
+// The data directory is its owner's only (0700), and so are the databases in it (0600): a
+// directory or database an older ftd left more open is tightened at start.
+void TightenModes(const std::string& data_dir) {
+  std::error_code ec;
+  fs::permissions(data_dir, fs::perms::owner_all, fs::perm_options::replace, ec);
+  fs::permissions(fs::path(data_dir) / "jobs", fs::perms::owner_all, fs::perm_options::replace, ec);
+  for (const char* name : {"ftd.db", "ftd.db-wal", "ftd.db-shm", "auth.db", "auth.db-wal", "auth.db-shm"}) {
+    const fs::path p = fs::path(data_dir) / name;
+    if (fs::exists(p, ec)) fs::permissions(p, fs::perms::owner_read | fs::perms::owner_write, fs::perm_options::replace, ec);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Everything ftd and its workers create (databases, logs, checkpoints, traces) is its owner's only.
+  ::umask(077);
   CLI::App app{"ftd: fine-tuning job daemon"};
   std::string listen = "127.0.0.1:7070", metrics_listen = "127.0.0.1:7071", data_dir = DefaultDataDir();
   std::string worker = DefaultWorkerBinary(), restart_policy = "requeue";
@@ -217,6 +232,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   data_dir = fs::canonical(data_dir).string();
+  TightenModes(data_dir);
   if (lc.socket.empty()) lc.socket = (fs::path(data_dir) / "ftd.sock").string();
   auto store = ftd::server::Store::Open((fs::path(data_dir) / "ftd.db").string());
   if (!store.ok()) {

@@ -72,7 +72,7 @@ absl::StatusOr<pid_t> Supervisor::Spawn(const SpawnRequest& req) {
   posix_spawn_file_actions_init(&fa);
   posix_spawnattr_init(&attr);
   posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&fa, 1, req.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  posix_spawn_file_actions_addopen(&fa, 1, req.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
   posix_spawn_file_actions_adddup2(&fa, 1, 2);
   posix_spawnattr_setpgroup(&attr, 0);  // a process group of its own: cancel signals the whole group
   sigset_t none, all;

@@ -8,6 +8,7 @@
 // line on stderr; an exit without them came from outside this file (worker/stop_signals.h writes
 // its caller's stack).
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -291,6 +292,7 @@ int main(int argc, char** argv) {
     }
     agent_opts.token = token;
     ::unsetenv("FTD_ATTEMPT_TOKEN");  // not inherited by anything the worker starts
+    ::umask(077);  // checkpoints, traces and caches it writes are the job owner's only
     ftd::worker::SetStage("running the agent");
     const int code = ftd::worker::RunAgent(agent_opts, &g_stop, &g_skip_checkpoint);
     ftd::worker::MarkResultReported();

@@ -171,3 +171,18 @@ def test_errors_about_a_file_the_caller_may_not_read_leak_none_of_it(open_daemon
         assert got["state"] == "FAILED" and expect in got["message"], got
         for leak in ("hunter2", "secret-bytes", "30056", "28009", "21 bytes", "20 bytes", "last read"):
             assert leak not in text, (leak, text)
+
+
+# --- modes ---------------------------------------------------------------------------------------
+
+def test_the_data_directory_databases_logs_and_checkpoints_are_the_owners_only(daemon):
+    job = submit(daemon, dict(TINY, steps=2))
+    assert ftctl(daemon, "wait", job, timeout=120).returncode == 0
+    assert ftctl(daemon, "admin", "token", "list").returncode == 0  # auth.db in use
+    data = Path(daemon.data)
+    assert data.stat().st_mode & 0o777 == 0o700, oct(data.stat().st_mode)
+    files = [data / "ftd.db", data / "auth.db"] + [p for p in (data / "jobs").rglob("*")]
+    assert any(p.name == "worker.log" for p in files) and any("step-" in str(p) for p in files), files
+    for p in files:
+        mode = p.stat().st_mode & 0o777
+        assert mode == (0o700 if p.is_dir() else 0o600), (str(p), oct(mode))
