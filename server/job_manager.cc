@@ -301,6 +301,7 @@ absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::SubmitWith(
   ftd::spec::Environment env;
   env.name = "this ftd";
   env.gpus = cfg_.gpus > 0 ? 1 : 0;  // a job gets one GPU, which it sees as cuda:0
+  env.gpu_compute_capability = cfg_.gpu_compute_capability;
   auto config = ftd::spec::Validate(req.spec(), env);
   if (!config.ok()) return config.status();
   if (auto st = ftd::spec::CheckInputFiles(*config); !st.ok()) return st;

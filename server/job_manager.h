@@ -44,6 +44,7 @@ namespace ftd::server {
 struct ManagerConfig {
   std::string data_dir;                 // jobs/<id>/{checkpoints,trace.json}
   int gpus = 0;                         // GPU slots; 0: one CPU slot
+  int gpu_compute_capability = 0;       // major * 10 + minor of the least capable GPU; 0: unknown
   int max_queued = 1000;                // RESOURCE_EXHAUSTED beyond
   int default_max_attempts = 3;
   int grace_ms = 10000;                 // SIGTERM -> SIGKILL on cancel

@@ -840,6 +840,34 @@ TEST_F(JobManagerTest, OneTickFillsEverySlotInPriorityOrder) {
   EXPECT_NE(l.message().find("2 of 2 slot(s) busy"), std::string::npos) << l.message();
 }
 
+// The fp8 kernel set is refused at submit, with the reason, by an ftd without GPUs and by one whose
+// GPUs have no FP8 tensor cores; an sm_90 ftd takes it.
+TEST_F(JobManagerTest, Fp8IsRefusedAtSubmitWithoutAnFp8Gpu) {
+  struct Case {
+    int gpus, cc;
+    const char* why;  // empty: accepted
+  };
+  for (const Case& c : {Case{0, 0, "which need a GPU, but this ftd has no GPU"},
+                        Case{1, 80, "need a GPU of compute capability 8.9 or newer (Ada, Hopper, Blackwell), but this "
+                                    "ftd's GPU is 8.0"},
+                        Case{1, 90, ""}}) {
+    cfg_.gpus = c.gpus;
+    cfg_.gpu_compute_capability = c.cc;
+    auto& m = Make();
+    ftd::v1::SubmitJobRequest req;
+    req.mutable_spec()->mutable_model()->set_preset("tiny");
+    req.mutable_spec()->set_kernel_set("fp8");
+    auto r = m.Submit(req);
+    if (*c.why == '\0') {
+      EXPECT_TRUE(r.ok()) << r.status();
+      continue;
+    }
+    ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    EXPECT_NE(r.status().message().find(c.why), std::string::npos) << r.status();
+    EXPECT_EQ(r.status().message().substr(0, 16), "spec.kernel_set ");
+  }
+}
+
 TEST_F(JobManagerTest, PausedStartsNothing) {
   cfg_.paused = true;
   auto& m = Make();

@@ -57,6 +57,20 @@ int64_t GpuMemoryBytes(int gpus) {
   return least;
 }
 
+// major * 10 + minor of the least capable of the first `gpus` GPUs; 0 if unknown.
+int GpuComputeCapability(int gpus) {
+  int least = 0;
+  for (int i = 0; i < gpus; ++i) {
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, i) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, i) != cudaSuccess) {
+      return 0;
+    }
+    least = least == 0 ? major * 10 + minor : std::min(least, major * 10 + minor);
+  }
+  return least;
+}
+
 std::string DefaultWorkerBinary() {
   char buf[PATH_MAX];
   const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
@@ -287,6 +301,7 @@ int main(int argc, char** argv) {
   mc.requeue_on_restart = restart_policy == "requeue";
   mc.paused = paused;
   mc.memory = {cgroups != nullptr ? std::min(ram, worker_limit) : ram, GpuMemoryBytes(mc.gpus)};
+  mc.gpu_compute_capability = GpuComputeCapability(mc.gpus);
   mc.retention_ms = retention_ms;
   mc.sandbox = sandbox;
   mc.retention_check_ms = std::clamp<int64_t>(retention_ms / 10, 1000, 3600'000);

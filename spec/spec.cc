@@ -139,8 +139,9 @@ absl::StatusOr<TrainConfig> ToTrainConfig(const ftd::v1::TrainSpec& s) {
   if (s.has_kernel_set()) {
     const auto k = ParseKernelSet(s.kernel_set());
     if (!k) {
-      return absl::InvalidArgumentError(absl::StrCat("spec.kernel_set must be \"eager\" (LibTorch ops) or \"fused\" "
-                                                     "(ftd's CUDA kernels) (got ", s.kernel_set(), ")"));
+      return absl::InvalidArgumentError(absl::StrCat("spec.kernel_set must be \"eager\" (LibTorch ops), \"fused\" "
+                                                     "(ftd's CUDA kernels) or \"fp8\" (fused, with FP8 matmuls) (got ",
+                                                     s.kernel_set(), ")"));
     }
     c.kernel_set = *k;
   }
@@ -148,7 +149,8 @@ absl::StatusOr<TrainConfig> ToTrainConfig(const ftd::v1::TrainSpec& s) {
     const auto k = ParseKernelSet(impl);
     if (!k) {
       return absl::InvalidArgumentError(
-          absl::StrCat("spec.kernels.", op, " must be \"eager\" or \"fused\" (got ", impl, ")"));
+          absl::StrCat("spec.kernels.", op, " must be \"eager\" or \"fused\"", op == "matmul" ? " or \"fp8\"" : "",
+                       " (got ", impl, ")"));
     }
     c.kernels[op] = *k;
   }

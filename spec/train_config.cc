@@ -37,6 +37,7 @@ absl::Status RealInRange(absl::string_view field, double v, double lo, double hi
 std::optional<KernelSet> ParseKernelSet(std::string_view name) {
   if (name == KernelSetName(KernelSet::kEager)) return KernelSet::kEager;
   if (name == KernelSetName(KernelSet::kFused)) return KernelSet::kFused;
+  if (name == KernelSetName(KernelSet::kFp8)) return KernelSet::kFp8;
   return std::nullopt;
 }
 
@@ -146,8 +147,8 @@ absl::Status TrainConfig::Validate() const {
                    "dtype=fp32");
   }
   if (kernel_set == KernelSet::kMixed) {
-    return Invalid("kernel_set", "must be \"eager\" or \"fused\" (a mixed run is one kernel set with per-op "
-                   "overrides in spec.kernels)", "mixed");
+    return Invalid("kernel_set", "must be \"eager\", \"fused\" or \"fp8\" (a mixed run is one kernel set with "
+                   "per-op overrides in spec.kernels)", "mixed");
   }
   for (const auto& [op, impl] : kernels) {
     if (std::none_of(kKernelOpNames.begin(), kKernelOpNames.end(), [&](const char* n) { return op == n; })) {
@@ -155,6 +156,21 @@ absl::Status TrainConfig::Validate() const {
                      op);
     }
     if (impl == KernelSet::kMixed) return Invalid(absl::StrCat("kernels.", op), "must be \"eager\" or \"fused\"", "mixed");
+    if (impl == KernelSet::kFp8 && op != kKernelOpNames[static_cast<size_t>(KernelOp::kMatmul)]) {
+      return Invalid(absl::StrCat("kernels.", op), "must be \"eager\" or \"fused\" (fp8 applies to matmul only)",
+                     "fp8");
+    }
+  }
+  const KernelChoice chosen = Kernels();
+  if (chosen[KernelOp::kMatmul]) {
+    if (dtype == "fp32") {
+      return Invalid("dtype", "must be \"bf16\" or \"auto\" with FP8 matmuls (kernel_set fp8 or kernels.matmul fp8)",
+                     dtype);
+    }
+    if (lora.enabled) {
+      return Invalid("kernels.matmul", "must not be fp8 in a LoRA job (FP8 matmuls train full weights only): use "
+                     "kernel_set \"fused\"", "fp8");
+    }
   }
   if (!(s = IntInRange("kernel_tuning.linear_cross_entropy_chunk_rows", kernel_tuning.linear_cross_entropy_chunk_rows,
                        0, kMaxLinearCrossEntropyChunkRows, " (0 or unset: 2048)"))
@@ -206,6 +222,14 @@ absl::Status CheckEnvironment(const TrainConfig& c, const Environment& env) {
                                 ": use \"eager\" in kernel_set and spec.kernels"),
                    KernelSetName(c.kernel_set));
   }
+  if (k[KernelOp::kMatmul] && env.gpu_compute_capability > 0 &&
+      env.gpu_compute_capability < kFp8MinComputeCapability) {
+    return Invalid(c.kernels.count("matmul") ? "kernels.matmul" : "kernel_set",
+                   absl::StrCat("uses FP8 matmuls, which need a GPU of compute capability 8.9 or newer (Ada, Hopper, "
+                                "Blackwell), but ", env.name, "'s GPU is ", env.gpu_compute_capability / 10, ".",
+                                env.gpu_compute_capability % 10, ": use kernel_set \"fused\" and no matmul override"),
+                   "fp8");
+  }
   if (!env.fused_kernels) {
     return Invalid("kernel_set",
                    absl::StrCat("uses ftd's fused CUDA kernels (", k.ToString(), "), but this ftd-worker was built "
@@ -222,26 +246,40 @@ bool KernelChoice::any() const {
   return false;
 }
 
+namespace {
+constexpr size_t kMatmulIndex = static_cast<size_t>(KernelOp::kMatmul);
+}  // namespace
+
 std::string KernelChoice::ToString() const {
   std::vector<std::string> eager, fusedv;
-  for (size_t i = 0; i < fused.size(); ++i) (fused[i] ? fusedv : eager).push_back(kKernelOpNames[i]);
-  if (fusedv.empty()) return "eager";
-  if (eager.empty()) return "fused";
-  return absl::StrCat("fused (eager: ", absl::StrJoin(eager, ", "), ")");
+  for (size_t i = 0; i < fused.size(); ++i) {
+    if (i != kMatmulIndex) (fused[i] ? fusedv : eager).push_back(kKernelOpNames[i]);
+  }
+  const bool fp8 = fused[kMatmulIndex];
+  if (eager.empty()) return fp8 ? "fp8" : "fused";
+  const std::string base = fusedv.empty() ? "eager" : absl::StrCat("fused (eager: ", absl::StrJoin(eager, ", "), ")");
+  return fp8 ? absl::StrCat(base, ", fp8 matmul") : base;
 }
 
 KernelSet KernelChoice::Label() const {
-  const bool all = std::all_of(fused.begin(), fused.end(), [](bool b) { return b; });
-  const bool none = std::none_of(fused.begin(), fused.end(), [](bool b) { return b; });
+  bool all = true, none = true;
+  for (size_t i = 0; i < fused.size(); ++i) {
+    if (i == kMatmulIndex) continue;
+    all = all && fused[i];
+    none = none && !fused[i];
+  }
+  if (fused[kMatmulIndex]) return all ? KernelSet::kFp8 : KernelSet::kMixed;
   return all ? KernelSet::kFused : none ? KernelSet::kEager : KernelSet::kMixed;
 }
 
 KernelChoice TrainConfig::Kernels() const {
   KernelChoice c;
   for (size_t i = 0; i < kKernelOpNames.size(); ++i) {
-    c.fused[i] = kernel_set == KernelSet::kFused;
+    // matmul: fp8 or the bf16 GEMM; every other op: fused (in the fused and fp8 sets) or eager.
+    const KernelSet on = i == kMatmulIndex ? KernelSet::kFp8 : KernelSet::kFused;
+    c.fused[i] = kernel_set == on || (i != kMatmulIndex && kernel_set == KernelSet::kFp8);
     auto it = kernels.find(std::string(kKernelOpNames[i]));
-    if (it != kernels.end()) c.fused[i] = it->second == KernelSet::kFused;
+    if (it != kernels.end()) c.fused[i] = it->second == on;
   }
   return c;
 }

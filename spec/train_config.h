@@ -79,26 +79,34 @@ struct ProfileConfig {
 // The ops a kernel set chooses an implementation for (docs/job-spec.md, "Kernel sets").
 // kLora: LoRA's adapter terms, grouped per shared input and accumulated into the frozen projection's
 // GEMM (LibTorch ops, any device; eager: PEFT's per-module composite ops).
-enum class KernelOp { kRmsNorm, kRope, kSwiGlu, kCrossEntropy, kLinearCrossEntropy, kAdamW, kLora };
-inline constexpr std::array<const char*, 7> kKernelOpNames = {
-    "rmsnorm", "rope", "swiglu", "cross_entropy", "linear_cross_entropy", "adamw", "lora"};
+// kMatmul: the decoder layers' linear projections (q, k, v, o, gate, up, down; not lm_head): bf16
+// GEMMs (eager or fused), or FP8 GEMMs (fp8: E4M3 forward, E5M2 gradients, per-tensor scaling).
+enum class KernelOp { kRmsNorm, kRope, kSwiGlu, kCrossEntropy, kLinearCrossEntropy, kAdamW, kLora, kMatmul };
+inline constexpr std::array<const char*, 8> kKernelOpNames = {
+    "rmsnorm", "rope", "swiglu", "cross_entropy", "linear_cross_entropy", "adamw", "lora", "matmul"};
 
-// The kernel sets. A spec's kernel_set (and each per-op override) is eager or fused; a run whose
-// overrides split its ops between the two is mixed. The metrics' kernel_set label and a profile's
-// kernel_set are these names, so the spec, the worker and the daemon speak one vocabulary.
-enum class KernelSet { kEager, kFused, kMixed };
-inline constexpr std::array<const char*, 3> kKernelSetNames = {"eager", "fused", "mixed"};
+// The kernel sets. A spec's kernel_set is eager, fused or fp8 (fused, with FP8 matmuls); each per-op
+// override eager or fused, and `matmul` also fp8. A run whose overrides split its ops is mixed. The
+// metrics' kernel_set label and a profile's kernel_set are these names, so the spec, the worker and
+// the daemon speak one vocabulary.
+enum class KernelSet { kEager, kFused, kMixed, kFp8 };
+inline constexpr std::array<const char*, 4> kKernelSetNames = {"eager", "fused", "mixed", "fp8"};
 inline const char* KernelSetName(KernelSet k) { return kKernelSetNames[static_cast<size_t>(k)]; }
-// "eager" or "fused" (what a spec may say); mixed and anything else: nullopt.
+// "eager", "fused" or "fp8" (what a spec may say); mixed and anything else: nullopt.
 std::optional<KernelSet> ParseKernelSet(std::string_view name);
 
-// Which ops run our fused CUDA kernels (true) and which LibTorch's composite ops (false).
+// FP8 tensor cores: compute capability 8.9 (Ada) and newer (Hopper 9.0, Blackwell 10.x).
+inline constexpr int kFp8MinComputeCapability = 89;  // major * 10 + minor
+
+// Which ops run our fused CUDA kernels (true) and which LibTorch's composite ops (false); for kMatmul,
+// true is FP8 and false the bf16 GEMM.
 struct KernelChoice {
   std::array<bool, kKernelOpNames.size()> fused{};
   bool operator[](KernelOp op) const { return fused[static_cast<size_t>(op)]; }
   bool any() const;  // any op on ftd's CUDA kernels (which need a GPU; `lora` runs anywhere)
-  std::string ToString() const;  // "eager", "fused", or "fused (eager: linear_cross_entropy)"
-  KernelSet Label() const;       // eager, fused or mixed
+  // "eager", "fused", "fp8", "fused (eager: linear_cross_entropy)", "eager, fp8 matmul"
+  std::string ToString() const;
+  KernelSet Label() const;  // eager, fused, fp8 or mixed
 };
 
 // Tuning of ftd's fused kernels (spec.kernel_tuning); 0 takes the kernel's default.
@@ -143,6 +151,7 @@ struct Environment {
   std::string name = "this machine";  // in messages: "this machine", "this ftd"
   int gpus = 0;                       // CUDA devices a job sees, as cuda:0 .. cuda:gpus-1
   bool fused_kernels = true;          // ftd-worker was built with ftd's CUDA kernels (nvcc)
+  int gpu_compute_capability = 0;     // major * 10 + minor of the least capable GPU; 0: unknown
 };
 
 struct TrainConfig {
@@ -160,8 +169,8 @@ struct TrainConfig {
   bool fp32_master_weights = false;
   uint64_t seed = 0;             // init seed
   int32_t log_every = 1;         // steps
-  KernelSet kernel_set = KernelSet::kEager;  // eager | fused: the default for every op
-  std::map<std::string, KernelSet> kernels;  // per-op overrides: op name -> eager | fused
+  KernelSet kernel_set = KernelSet::kEager;  // eager | fused | fp8: the default for every op
+  std::map<std::string, KernelSet> kernels;  // per-op overrides: op name -> eager | fused (| fp8 for matmul)
   KernelTuning kernel_tuning;
   ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::kNone;
   bool expandable_segments = false;  // the CUDA caching allocator's expandable segments

@@ -58,10 +58,56 @@ TEST(TrainConfig, KernelSetsAndPerOpOverrides) {
   // mixed names what overrides make of a run; a spec does not ask for it
   TrainConfig bad;
   bad.kernel_set = KernelSet::kMixed;
-  EXPECT_NE(bad.Validate().message().find("spec.kernel_set must be \"eager\" or \"fused\""), absl::string_view::npos);
+  EXPECT_NE(bad.Validate().message().find("spec.kernel_set must be \"eager\", \"fused\" or \"fp8\""),
+            absl::string_view::npos);
 }
 
-TEST(KernelSet, NamesParseBackAndOnlyEagerAndFusedAreSpecValues) {
+// fp8 is the fused set with FP8 matmuls; `matmul: fp8` puts FP8 matmuls under any other set, and fp8
+// is a value of the matmul override only.
+TEST(TrainConfig, Fp8SetAndMatmulOverride) {
+  TrainConfig c;
+  c.kernel_set = KernelSet::kFp8;
+  ASSERT_TRUE(c.Validate().ok());
+  EXPECT_TRUE(c.Kernels()[KernelOp::kMatmul]);
+  EXPECT_TRUE(c.Kernels()[KernelOp::kRmsNorm]);
+  EXPECT_TRUE(c.Kernels()[KernelOp::kAdamW]);
+  EXPECT_EQ(c.Kernels().ToString(), "fp8");
+  EXPECT_EQ(c.Kernels().Label(), KernelSet::kFp8);
+  c.kernels["adamw"] = KernelSet::kEager;
+  EXPECT_EQ(c.Kernels().ToString(), "fused (eager: adamw), fp8 matmul");
+  EXPECT_EQ(c.Kernels().Label(), KernelSet::kMixed);
+  c.kernels = {{"matmul", KernelSet::kFused}};  // the bf16 GEMM: the fused set
+  EXPECT_EQ(c.Kernels().Label(), KernelSet::kFused);
+  EXPECT_FALSE(c.Kernels()[KernelOp::kMatmul]);
+
+  TrainConfig f;
+  f.kernel_set = KernelSet::kFused;
+  EXPECT_FALSE(f.Kernels()[KernelOp::kMatmul]);  // the fused set keeps bf16 GEMMs
+  f.kernels["matmul"] = KernelSet::kFp8;
+  ASSERT_TRUE(f.Validate().ok());
+  EXPECT_EQ(f.Kernels().Label(), KernelSet::kFp8);
+  TrainConfig e;
+  e.kernels["matmul"] = KernelSet::kFp8;
+  ASSERT_TRUE(e.Validate().ok());
+  EXPECT_TRUE(e.Kernels().any());  // FP8 needs a GPU even with every other op eager
+  EXPECT_EQ(e.Kernels().ToString(), "eager, fp8 matmul");
+  EXPECT_EQ(e.Kernels().Label(), KernelSet::kMixed);
+
+  TrainConfig bad;
+  bad.kernels["rmsnorm"] = KernelSet::kFp8;
+  EXPECT_EQ(bad.Validate().message(), "spec.kernels.rmsnorm must be \"eager\" or \"fused\" (fp8 applies to matmul only) (got fp8)");
+  TrainConfig fp32 = c;
+  fp32.kernel_set = KernelSet::kFp8;
+  fp32.kernels.clear();
+  fp32.dtype = "fp32";
+  EXPECT_NE(fp32.Validate().message().find("spec.dtype must be \"bf16\" or \"auto\" with FP8 matmuls"), std::string::npos);
+  TrainConfig lora = fp32;
+  lora.dtype = "auto";
+  lora.lora.enabled = true;
+  EXPECT_NE(lora.Validate().message().find("spec.kernels.matmul must not be fp8 in a LoRA job"), std::string::npos);
+}
+
+TEST(KernelSet, NamesParseBackAndMixedIsNoSpecValue) {
   for (size_t i = 0; i < kKernelSetNames.size(); ++i) {
     const auto k = static_cast<KernelSet>(i);
     EXPECT_STREQ(KernelSetName(k), kKernelSetNames[i]);
@@ -148,6 +194,33 @@ TEST(CheckEnvironment, FusedKernelsAndCudaDevicesNeedAGpu) {
             "\"cuda\" (got cuda:1)");
   cuda.device = "cuda:0";
   EXPECT_TRUE(CheckEnvironment(cuda, one).ok());
+}
+
+// FP8 on the CPU is refused like any fused op; on a GPU older than sm_89 with its own message.
+TEST(CheckEnvironment, Fp8NeedsAnFp8Gpu) {
+  TrainConfig fp8;
+  fp8.kernel_set = KernelSet::kFp8;
+  ASSERT_TRUE(fp8.Validate().ok());
+  Environment none{"this ftd", 0, true}, a100{"this ftd", 1, true, 80}, h100{"this ftd", 1, true, 90},
+      unknown{"this ftd", 1, true, 0};
+  EXPECT_EQ(CheckEnvironment(fp8, none).message(),
+            "spec.kernel_set uses ftd's fused CUDA kernels (fp8), which need a GPU, but this ftd has no GPU: use "
+            "\"eager\" in kernel_set and spec.kernels (got fp8)");
+  auto cpu = fp8;
+  cpu.device = "cpu";
+  EXPECT_NE(CheckEnvironment(cpu, h100).message().find("need a GPU, but spec.device is \"cpu\""), absl::string_view::npos);
+  EXPECT_EQ(CheckEnvironment(fp8, a100).message(),
+            "spec.kernel_set uses FP8 matmuls, which need a GPU of compute capability 8.9 or newer (Ada, Hopper, "
+            "Blackwell), but this ftd's GPU is 8.0: use kernel_set \"fused\" and no matmul override (got fp8)");
+  EXPECT_TRUE(CheckEnvironment(fp8, h100).ok());
+  EXPECT_TRUE(CheckEnvironment(fp8, unknown).ok());  // the worker checks its own GPU again at start
+  TrainConfig over;
+  over.kernels["matmul"] = KernelSet::kFp8;
+  EXPECT_NE(CheckEnvironment(over, a100).message().find("spec.kernels.matmul uses FP8 matmuls"), absl::string_view::npos);
+  EXPECT_NE(CheckEnvironment(over, none).message().find("(eager, fp8 matmul), which need a GPU"), absl::string_view::npos);
+  TrainConfig fused;
+  fused.kernel_set = KernelSet::kFused;
+  EXPECT_TRUE(CheckEnvironment(fused, a100).ok());
 }
 
 TEST(Schedule, WarmupThenCosineToTheFloor) {

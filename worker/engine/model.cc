@@ -370,6 +370,10 @@ torch::Tensor LlamaModel::Project(const torch::Tensor& x, const torch::Tensor& w
 
 std::vector<torch::Tensor> LlamaModel::ProjectShared(const torch::Tensor& x, const std::vector<torch::Tensor>& ws,
                                                      const std::vector<const LoraAdapter*>& ads, bool train) const {
+  if (kernels_[KernelOp::kMatmul]) {  // FP8 (no LoRA: validated)
+    RECORD_USER_SCOPE("ftd::op::matmul");
+    return fp8::Linears(x, ws, &fp8_weights_);
+  }
   if (fused_projections_ && ws.size() > 1 &&
       std::none_of(ads.begin(), ads.end(), [](const LoraAdapter* ad) { return ad->on(); })) {
     // One GEMM over the concatenated weights; the outputs are column blocks of its result.

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "worker/engine/fp8_ops.h"
 #include "worker/engine/lora.h"
 #include "worker/engine/progress.h"
 #include "worker/engine/spec_types.h"
@@ -86,6 +87,8 @@ class LlamaModel {
   const KernelChoice& kernels() const { return kernels_; }
   // What each decoder layer keeps for backward (spec.activation_checkpointing); default none.
   void SetActivationCheckpointing(spec::ActivationCheckpointing a) { activation_checkpointing_ = a; }
+  // The weights changed in place (an optimizer step, a checkpoint load): FP8 copies are made again.
+  void WeightsChanged() { fp8_weights_.Invalidate(); }
 
   // Multiply-accumulate FLOPs of one token's forward+backward (docs/performance.md, MFU).
   double TrainingFlopsPerToken(int64_t seq_len) const;
@@ -131,6 +134,7 @@ class LlamaModel {
   spec::KernelTuning tuning_;
   spec::ActivationCheckpointing activation_checkpointing_ = spec::ActivationCheckpointing::kNone;
   bool fused_projections_ = false;  // FuseProjectionWeights ran
+  mutable fp8::WeightCache fp8_weights_;  // the projections' E4M3 copies (kernels.matmul fp8)
   spec::LoraConfig lora_;  // enabled: LoRA
   std::vector<std::pair<std::string, torch::Tensor>> adapters_;  // PEFT names, layer by layer, A then B
   std::string weights_dir_;  // what LoadWeights read

@@ -4,6 +4,7 @@
 // after checkpointing the last good state.
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cmath>
@@ -39,6 +40,11 @@ spec::Environment LocalEnvironment() {
   spec::Environment env;
   env.gpus = CudaDeviceCount();
   env.fused_kernels = fused::Available();
+  for (int i = 0; i < env.gpus; ++i) {
+    const auto* p = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(i));
+    const int cc = p->major * 10 + p->minor;
+    env.gpu_compute_capability = i == 0 ? cc : std::min(env.gpu_compute_capability, cc);
+  }
   return env;
 }
 
@@ -161,6 +167,9 @@ bool TrainingRun::Setup() {
 
   auto mc = ModelConfigFor(cfg_, device_.is_cuda());
   if (!mc.ok()) return Fail(Outcome::kInvalidSpec, std::string(mc.status().message()));
+  if (kernels_[KernelOp::kMatmul]) {
+    if (auto s = fp8::CheckShapes(*mc); !s.ok()) return Fail(Outcome::kInvalidSpec, std::string(s.message()));
+  }
   auto model_or = LlamaModel::Create(*mc, device_, dtype, cfg_.seed);
   if (!model_or.ok()) return Fail(Outcome::kInvalidSpec, std::string(model_or.status().message()));
   model_ = *std::move(model_or);
@@ -205,6 +214,7 @@ bool TrainingRun::Setup() {
       if (auto s = LoadCheckpoint(**latest, &state_, &model, &*opt_, hooks_.on_progress); !s.ok()) {
         return Fail(Outcome::kFailed, std::string(s.message()));
       }
+      model.WeightsChanged();
       sum_.last_checkpoint = **latest;
       saved_step_ = state_.step;
       Log(absl::StrCat("resumed from ", **latest, " at step ", state_.step));
@@ -352,6 +362,7 @@ bool TrainingRun::Step(int64_t step) {
   const double lr = LearningRate(cfg_.optimizer, cfg_.schedule, step, cfg_.steps);
   mark(2);
   opt_->Step(lr, found_inf);
+  model_->WeightsChanged();  // FP8 copies of the weights are made again before the next forward
   opt_->ZeroGrad();
   optimizer_scope.end();
   mark(3);

@@ -1,0 +1,65 @@
+// The fp8 kernel set's matmuls (docs/kernels.md, "FP8"): the decoder layers' linear projections in
+// FP8 on the tensor cores through cuBLASLt (LibTorch's _scaled_mm), bf16 output, fp32 accumulation.
+//
+// Recipe: per-tensor current scaling. Forward: activations and weights in E4M3, each tensor cast with
+// the scale its own amax gives (kernels/fp8_cast.h, amax and cast in one launch). Backward: the output
+// gradient in E5M2 (gradients have a wider range and need less precision), multiplied with the E4M3
+// weight (dX) and the E4M3 input saved by the forward (dW); E5M2 x E5M2 is never needed. The weights'
+// E4M3 copies are made once per optimizer step (WeightCache), not once per micro-batch. Master weights,
+// optimizer state and checkpoints stay as configured (bf16/fp32).
+//
+// Internal to the engine (LibTorch). Built without the kernels, every entry point fails with a message.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "worker/engine/spec_types.h"
+
+namespace ftd::engine::fp8 {
+
+// An FP8 tensor and its dequantization factor: value ~ data * scale_inv.
+struct Fp8Tensor {
+  torch::Tensor data;       // torch::kFloat8_e4m3fn or kFloat8_e5m2, the source's shape, contiguous
+  torch::Tensor scale_inv;  // fp32, one element, on the same device
+};
+
+// x (bf16 or fp32, CUDA) cast to `dtype` (kFloat8_e4m3fn or kFloat8_e5m2) with per-tensor current
+// scaling: scale = fp8_max / amax(x), saturating, NaN/Inf kept non-finite.
+Fp8Tensor Quantize(const torch::Tensor& x, torch::ScalarType dtype);
+
+// (a * a.scale_inv) (b * b.scale_inv)^T in `out_dtype`, fp32 accumulation: a [M, K] and b [N, K] both
+// row-major (b as a linear layer's weight is stored). K and N must be multiples of 16 (cuBLASLt);
+// E5M2 may be on one side only.
+torch::Tensor MatmulNT(const Fp8Tensor& a, const Fp8Tensor& b, torch::ScalarType out_dtype);
+
+// The E4M3 copies of the weights a model's FP8 matmuls read, made on first use after Invalidate()
+// (the trainer invalidates after each optimizer step) into buffers kept across steps.
+class WeightCache {
+ public:
+  const Fp8Tensor& Get(const torch::Tensor& w);
+  void Invalidate() { ++generation_; }
+
+ private:
+  struct Entry {
+    Fp8Tensor fp8;
+    torch::Tensor stats;  // [amax, scale_inv]; fp8.scale_inv views its second element
+    uint64_t generation = 0;
+  };
+  std::unordered_map<const void*, Entry> entries_;  // by the weight's TensorImpl
+  uint64_t generation_ = 1;
+};
+
+// y_i = x W_i^T for each weight (the projections of one input: q/k/v, gate/up, or one), in FP8, as one
+// autograd function: x is cast once, and saved for backward in E4M3 (half the bytes of bf16). x: [..., K]
+// bf16; ws: [N_i, K]. Gradients: dx (sum over i, accumulated in fp32) and dW_i in x's dtype.
+std::vector<torch::Tensor> Linears(const torch::Tensor& x, const std::vector<torch::Tensor>& ws, WeightCache* cache);
+
+// Whether the model's projections fit the FP8 GEMM: every in/out width a multiple of 16.
+absl::Status CheckShapes(const LlamaConfig& c);
+
+}  // namespace ftd::engine::fp8

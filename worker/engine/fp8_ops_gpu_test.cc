@@ -1,0 +1,140 @@
+// The fp8 set's matmuls (worker/engine/fp8_ops.h) on the GPU:
+//   - MatmulNT against an fp32 GEMM of the dequantized FP8 inputs: the wrapper's layouts and scales
+//     exactly, so only the bf16 rounding of the output (2^-9 of each value) and the fp32 accumulation
+//     order differ: max |err| / max |ref| <= 2^-7 (2^-10 with an fp32 output: the tensor cores
+//     accumulate FP8 products in reduced precision between promotions to fp32);
+//   - the same product against a bf16 GEMM of the original inputs: within FP8 rounding (E4M3 keeps 3
+//     mantissa bits: each operand's relative rounding is uniform in +-2^-4, so a dot product's error is
+//     ~0.05 of its typical size; bound 0.08 in relative Frobenius norm, and 0.13 with an E5M2 side);
+//   - Linears (the autograd function of the q/k/v, gate/up and o/down projections), forward and
+//     backward, against the same two references, with an odd token count (padded rows) and three
+//     projections of one input (dx summed over them);
+//   - the weight cache: a weight changed in place is seen only after Invalidate().
+// Compute capability below 8.9 has no FP8 GEMM: the test skips there.
+#include <ATen/cuda/CUDAContext.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "worker/engine/fp8_ops.h"
+
+namespace ftd::engine::fp8 {
+namespace {
+
+bool HaveFp8Gpu() {
+  if (!torch::cuda::is_available()) return false;
+  const auto* p = at::cuda::getCurrentDeviceProperties();
+  return p->major * 10 + p->minor >= 89;
+}
+
+torch::Tensor Dequant(const Fp8Tensor& t) { return t.data.to(torch::kFloat) * t.scale_inv; }
+
+double MaxRel(const torch::Tensor& got, const torch::Tensor& want) {
+  return ((got.to(torch::kFloat) - want.to(torch::kFloat)).abs().max() / want.to(torch::kFloat).abs().max()).item<double>();
+}
+double FrobRel(const torch::Tensor& got, const torch::Tensor& want) {
+  const auto w = want.to(torch::kFloat);
+  return ((got.to(torch::kFloat) - w).norm() / w.norm()).item<double>();
+}
+
+torch::TensorOptions Bf16() { return torch::TensorOptions().dtype(torch::kBFloat16).device(torch::kCUDA); }
+
+TEST(Fp8OpsGpu, QuantizeRoundTrip) {
+  if (!HaveFp8Gpu()) GTEST_SKIP() << "no GPU with FP8 (compute capability 8.9+)";
+  auto x = torch::randn({333, 77}, Bf16()) * 5;
+  for (auto dtype : {torch::kFloat8_e4m3fn, torch::kFloat8_e5m2}) {
+    const Fp8Tensor q = Quantize(x, dtype);
+    ASSERT_EQ(q.data.scalar_type(), dtype);
+    ASSERT_EQ(q.data.sizes(), x.sizes());
+    const double amax = x.abs().max().item<double>(), fmax = dtype == torch::kFloat8_e4m3fn ? 448 : 57344;
+    EXPECT_FLOAT_EQ(q.scale_inv.item<float>(), 1.f / static_cast<float>(fmax / static_cast<float>(amax)));
+    // Each value within half a unit of its format's precision (2^-4 E4M3, 2^-3 E5M2) or of the
+    // smallest subnormal step.
+    const double u = dtype == torch::kFloat8_e4m3fn ? 1.0 / 16 : 1.0 / 8;
+    const auto err = (Dequant(q) - x.to(torch::kFloat)).abs();
+    const auto bound = x.to(torch::kFloat).abs() * u + q.scale_inv * 0.01;
+    EXPECT_TRUE(err.le(bound).all().item<bool>()) << "max err " << err.max().item<double>();
+  }
+}
+
+TEST(Fp8OpsGpu, MatmulMatchesDequantizedGemmAndBf16WithinFp8Rounding) {
+  if (!HaveFp8Gpu()) GTEST_SKIP() << "no GPU with FP8 (compute capability 8.9+)";
+  struct Shape {
+    int64_t m, k, n;
+  };
+  for (const Shape s : {Shape{64, 128, 256}, Shape{2048, 4096, 1024}, Shape{48, 14336, 4096}}) {
+    auto a = torch::randn({s.m, s.k}, Bf16()), b = torch::randn({s.n, s.k}, Bf16()) * 0.02;
+    for (auto adt : {torch::kFloat8_e4m3fn, torch::kFloat8_e5m2}) {
+      const std::string name = std::to_string(s.m) + "x" + std::to_string(s.k) + "x" + std::to_string(s.n) +
+                               (adt == torch::kFloat8_e5m2 ? " e5m2 x e4m3" : " e4m3 x e4m3");
+      const Fp8Tensor a8 = Quantize(a, adt), b8 = Quantize(b, torch::kFloat8_e4m3fn);
+      const auto got = MatmulNT(a8, b8, torch::kBFloat16);
+      ASSERT_EQ(got.scalar_type(), torch::kBFloat16);
+      ASSERT_EQ(got.sizes(), (std::vector<int64_t>{s.m, s.n}));
+      EXPECT_LE(MaxRel(got, torch::mm(Dequant(a8), Dequant(b8).t())), 1.0 / 128) << name;
+      EXPECT_LE(FrobRel(got, torch::mm(a, b.t())), adt == torch::kFloat8_e4m3fn ? 0.08 : 0.13) << name;
+      // fp32 output: the same product without the bf16 rounding.
+      EXPECT_LE(MaxRel(MatmulNT(a8, b8, torch::kFloat), torch::mm(Dequant(a8), Dequant(b8).t())), 1.0 / 1024) << name;
+    }
+  }
+}
+
+TEST(Fp8OpsGpu, LinearsForwardAndBackward) {
+  if (!HaveFp8Gpu()) GTEST_SKIP() << "no GPU with FP8 (compute capability 8.9+)";
+  // [3, 37] tokens (111 rows: padded to 112 inside), hidden 256, q/k/v widths 256, 64, 64.
+  auto x = (torch::randn({3, 37, 256}, Bf16())).requires_grad_(true);
+  std::vector<torch::Tensor> ws;
+  for (int64_t n : {256, 64, 64}) ws.push_back((torch::randn({n, 256}, Bf16()) * 0.02).requires_grad_(true));
+  WeightCache cache;
+  auto ys = Linears(x, ws, &cache);
+  ASSERT_EQ(ys.size(), 3u);
+  std::vector<torch::Tensor> dys;
+  torch::Tensor loss = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(torch::kCUDA));
+  for (size_t i = 0; i < ys.size(); ++i) {
+    ASSERT_EQ(ys[i].sizes(), (std::vector<int64_t>{3, 37, ws[i].size(0)}));
+    dys.push_back(torch::randn(ys[i].sizes(), Bf16()));
+    loss = loss + (ys[i].to(torch::kFloat) * dys[i].to(torch::kFloat)).sum();
+  }
+  loss.backward();
+
+  const auto x2 = x.detach().reshape({111, 256});
+  const Fp8Tensor x8 = Quantize(x2, torch::kFloat8_e4m3fn);
+  torch::Tensor want_dx = torch::zeros({111, 256}, torch::TensorOptions().dtype(torch::kFloat).device(torch::kCUDA));
+  torch::Tensor bf16_dx = torch::zeros_like(want_dx);
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const std::string name = "projection " + std::to_string(i);
+    const Fp8Tensor w8 = Quantize(ws[i].detach(), torch::kFloat8_e4m3fn);
+    const auto y = ys[i].detach().reshape({111, -1});
+    EXPECT_LE(MaxRel(y, torch::mm(Dequant(x8), Dequant(w8).t())), 1.0 / 128) << "y, " << name;
+    EXPECT_LE(FrobRel(y, torch::mm(x2, ws[i].detach().t())), 0.08) << "y vs bf16, " << name;
+    const auto dy = dys[i].reshape({111, -1});
+    const Fp8Tensor g8 = Quantize(dy, torch::kFloat8_e5m2);
+    want_dx += torch::mm(Dequant(g8), Dequant(w8));
+    bf16_dx += torch::mm(dy, ws[i].detach()).to(torch::kFloat);
+    ASSERT_TRUE(ws[i].grad().defined()) << name;
+    EXPECT_LE(MaxRel(ws[i].grad(), torch::mm(Dequant(g8).t(), Dequant(x8))), 1.0 / 128) << "dW, " << name;
+    EXPECT_LE(FrobRel(ws[i].grad(), torch::mm(dy.t(), x2)), 0.13) << "dW vs bf16, " << name;
+  }
+  ASSERT_TRUE(x.grad().defined());
+  EXPECT_LE(MaxRel(x.grad().reshape({111, 256}), want_dx), 1.0 / 128) << "dx";
+  EXPECT_LE(FrobRel(x.grad().reshape({111, 256}), bf16_dx), 0.13) << "dx vs bf16";
+}
+
+TEST(Fp8OpsGpu, WeightCacheRefreshesOnlyAfterInvalidate) {
+  if (!HaveFp8Gpu()) GTEST_SKIP() << "no GPU with FP8 (compute capability 8.9+)";
+  torch::NoGradGuard no_grad;
+  auto x = torch::randn({16, 64}, Bf16());
+  auto w = torch::randn({32, 64}, Bf16());
+  WeightCache cache;
+  const auto before = Linears(x, {w}, &cache)[0].clone();
+  w.mul_(-2);  // in place, as the optimizer writes
+  EXPECT_TRUE(torch::equal(Linears(x, {w}, &cache)[0], before)) << "the cached copy is used until invalidated";
+  cache.Invalidate();
+  const auto after = Linears(x, {w}, &cache)[0];
+  EXPECT_LE(MaxRel(after, before * -2), 1.0 / 64) << "the copy is made again after Invalidate";
+}
+
+}  // namespace
+}  // namespace ftd::engine::fp8
