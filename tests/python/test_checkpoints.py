@@ -305,7 +305,6 @@ def test_progress_is_reported_while_loading_and_writing(tmp_path):
     check_run(resume, data_bytes(d / "model.safetensors", d / "optimizer.safetensors"))
 
 
-@pytest.mark.skipif(DEVICE != "cpu", reason="the 8B run of the benchmark is scripts/gpu.sh ckpt")
 def test_checkpoint_benchmark_smoke(tmp_path):
     """bench/ckpt_bench.py on the tiny model: a checkpoint written and loaded at a measured rate, and
     SIGUSR1 (the plain cancel) ending a standalone run during a step and during a checkpoint write,

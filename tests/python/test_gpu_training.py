@@ -203,7 +203,11 @@ def test_expandable_segments_reach_the_allocator(tmp_path):
         if env_conf is not None:
             os.environ["PYTORCH_CUDA_ALLOC_CONF"] = env_conf
     assert "CUDA allocator: fixed-size segments" in plain
-    assert "CUDA allocator: expandable segments" in expandable
+    if "expandable_segments not supported on this platform" in expandable:  # PyTorch's own warning
+        assert ("CUDA allocator: fixed-size segments (spec.expandable_segments is true, but this platform "
+                "does not support them)") in expandable
+    else:
+        assert "CUDA allocator: expandable segments" in expandable
     assert result["outcome"] == "SUCCEEDED"
     assert all(s["peak_mem_reserved_bytes"] >= s["peak_mem_allocated_bytes"] > 0 for s in steps)
 

@@ -28,6 +28,11 @@ struct Result {
   int64_t peak_bytes = 0;  // CUDA: the caching allocator's high-water mark over forward and backward
 };
 
+// "cuda" names no index: the allocator's statistics want the current device's.
+c10::DeviceIndex CudaIndex(const torch::Device& d) {
+  return d.has_index() ? d.index() : c10::cuda::current_device();
+}
+
 size_t CountNodes(const torch::Tensor& loss) {
   std::set<torch::autograd::Node*> seen;
   std::vector<torch::autograd::Node*> todo = {loss.grad_fn().get()};
@@ -77,7 +82,7 @@ Result RunCase(const Case& s, ActivationCheckpointing ac) {
   const int64_t B = s.batch, T = s.seq;
   if (device.is_cuda()) {
     torch::cuda::synchronize();
-    c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+    c10::cuda::CUDACachingAllocator::resetPeakStats(CudaIndex(device));
   }
   auto count = torch::full({}, static_cast<double>(B * T * s.micro_batches),
                            torch::TensorOptions().dtype(torch::kFloat).device(device));
@@ -90,7 +95,7 @@ Result RunCase(const Case& s, ActivationCheckpointing ac) {
     r.loss += loss.item<double>();
   }
   if (device.is_cuda()) {
-    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(CudaIndex(device));
     r.peak_bytes = stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
   }
   for (const auto& [name, p] : model->trainable_parameters()) {

@@ -261,8 +261,11 @@ void TrainingRun::ConfigureAllocator() {
   } else if (cfg_.expandable_segments) {
     alloc::setAllocatorSettings("expandable_segments:True");
   }
-  Log(absl::StrCat("CUDA allocator: ", alloc::CUDAAllocatorConfig::expandable_segments() ? "expandable" : "fixed-size",
-                   " segments"));
+  const bool expandable = alloc::CUDAAllocatorConfig::expandable_segments();
+  // PyTorch turns the setting off (with a warning) where the driver lacks virtual memory management.
+  const bool refused = cfg_.expandable_segments && !expandable && (env == nullptr || *env == '\0');
+  Log(absl::StrCat("CUDA allocator: ", expandable ? "expandable" : "fixed-size", " segments",
+                   refused ? " (spec.expandable_segments is true, but this platform does not support them)" : ""));
 }
 
 TrainingRun::DeviceBatch TrainingRun::Upload(MicroBatch& mb) const {
