@@ -73,28 +73,15 @@ absl::Status JobManager::Recover() {
   if (!running.ok()) return running.status();
   for (const Job& j : *running) {
     launcher_->KillOrphan(j.worker_pid(), j.id());
-    const bool attempts_left = j.attempt() < j.max_attempts();
-    const bool requeue = cfg_.requeue_on_restart && attempts_left;
-    auto job = TransitionLocked(j.id(), [&](Job& job) {
-      const std::string what =
-          absl::StrCat("ftd restarted while attempt ", job.attempt(), " of ", job.max_attempts(), " was running; ");
-      job.set_worker_pid(0);
-      job.set_reason(std::string(Info(Reason::kDaemonRestart).code));
-      if (requeue) {
-        job.set_state(ftd::v1::QUEUED);
-        job.set_message(absl::StrCat(what, "requeued"));
-      } else {
-        job.set_state(ftd::v1::FAILED);
-        job.set_finished_unix_ms(clock_->UnixMs());
-        job.set_message(absl::StrCat(what, attempts_left ? "not requeued (--restart-policy fail)" : "no attempts left"));
-        job.mutable_result()->set_outcome(RunResult::FAILED);
-        job.mutable_result()->set_message(job.message());
-      }
-      return absl::OkStatus();
-    });
-    if (!job.ok()) return job.status();
-    if (requeue) metrics_->Retry(Info(Reason::kDaemonRestart).code);
-    if (!requeue) metrics_->JobFinished(ftd::v1::FAILED, Info(Reason::kDaemonRestart).code, 0);
+    if (auto st = RecoverRunningLocked(j); !st.ok()) {
+      // A full disk must not keep ftd from starting: reads work, and the restart policy is applied
+      // by Tick() once the store takes the write. Until then the job reads RUNNING with no worker.
+      metrics_->StoreWriteFailed("state");
+      metrics_->UnrecordedOutcomes(++unrecorded_);
+      unrecovered_.push_back(j);
+      std::cerr << "ftd: CANNOT RECORD that job " << j.id() << " was running when ftd restarted: " << st
+                << "; starting anyway, keeping it in memory and trying again every second" << std::endl;
+    }
   }
   auto queued = store_->JobsInStates({ftd::v1::QUEUED});
   if (!queued.ok()) return queued.status();
@@ -103,6 +90,36 @@ absl::Status JobManager::Recover() {
     if (!queue_.Put(j)) return absl::DataLossError(absl::StrCat("queued job has a malformed id \"", j.id(), "\""));
   }
   PublishGaugesLocked();
+  return absl::OkStatus();
+}
+
+absl::Status JobManager::RecoverRunningLocked(const Job& j) {
+  const bool attempts_left = j.attempt() < j.max_attempts();
+  const bool requeue = cfg_.requeue_on_restart && attempts_left;
+  auto job = TransitionLocked(j.id(), [&](Job& job) {
+    const std::string what =
+        absl::StrCat("ftd restarted while attempt ", job.attempt(), " of ", job.max_attempts(), " was running; ");
+    job.set_worker_pid(0);
+    job.set_reason(std::string(Info(Reason::kDaemonRestart).code));
+    if (requeue) {
+      job.set_state(ftd::v1::QUEUED);
+      job.set_message(absl::StrCat(what, "requeued"));
+    } else {
+      job.set_state(ftd::v1::FAILED);
+      job.set_finished_unix_ms(clock_->UnixMs());
+      job.set_message(absl::StrCat(what, attempts_left ? "not requeued (--restart-policy fail)" : "no attempts left"));
+      job.mutable_result()->set_outcome(RunResult::FAILED);
+      job.mutable_result()->set_message(job.message());
+    }
+    return absl::OkStatus();
+  });
+  if (!job.ok()) return job.status();
+  if (requeue) metrics_->Retry(Info(Reason::kDaemonRestart).code);
+  if (!requeue) metrics_->JobFinished(ftd::v1::FAILED, Info(Reason::kDaemonRestart).code, 0);
+  if (job->state() == ftd::v1::QUEUED) {
+    std::lock_guard<std::mutex> view(view_mu_);
+    queue_.Put(*job);
+  }
   return absl::OkStatus();
 }
 
@@ -170,6 +187,16 @@ std::optional<std::chrono::milliseconds> JobManager::Tick() {
     for (const auto& id : unrecorded) {
       Attempt& a = running_.at(id);
       if (!FinishLocked(a, *a.unrecorded)) wake_in(1000);
+    }
+    for (auto it = unrecovered_.begin(); it != unrecovered_.end();) {
+      if (RecoverRunningLocked(*it).ok()) {
+        std::cerr << "ftd: recorded the restart of job " << it->id() << " after a failed write" << std::endl;
+        metrics_->UnrecordedOutcomes(--unrecorded_);
+        it = unrecovered_.erase(it);
+      } else {
+        wake_in(1000);
+        ++it;
+      }
     }
     if (!paused_ && !draining_) {
       const int64_t now = clock_->UnixMs();

@@ -198,6 +198,8 @@ class JobManager {
   void OnWorkerExit(const std::string& job_id, int attempt, ExitStatus st);
   // Records the attempt's outcome; on success removes it and frees its slot.
   bool FinishLocked(Attempt& a, const WorkerEnd& end);
+  // Applies the restart policy to a job a previous daemon left RUNNING (its worker killed).
+  absl::Status RecoverRunningLocked(const ftd::v1::Job& j);
   static StopMode StopModeLocked(const Attempt& a);
   // The attempt a worker's hello names, marked as heard from now; PERMISSION_DENIED if it is not
   // the one running (an old attempt, a wrong token, or one whose end is being recorded).
@@ -230,6 +232,7 @@ class JobManager {
   std::atomic<bool> paused_{false};
   int64_t next_retention_ms_ = 0;  // steady ms of the next retention run
   int64_t unrecorded_ = 0;  // attempts whose outcome waits in memory (the ftd_unrecorded_outcomes gauge)
+  std::vector<ftd::v1::Job> unrecovered_;  // left RUNNING by a previous daemon; the restart not yet written
 
   std::mutex loop_mu_;
   std::condition_variable loop_cv_;

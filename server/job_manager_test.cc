@@ -510,6 +510,47 @@ TEST_F(FullDiskTest, ACancelStopsTheRetryOfAnOutcomeWaitingInMemory) {
   EXPECT_EQ(j.attempt(), 1);
 }
 
+// A daemon restarted on a full disk with a job its predecessor left RUNNING: Recover() succeeds
+// (ftd starts; before, the refused write failed the start), the job reads RUNNING with its orphan
+// killed, the wait is counted and exported, and once there is room Tick() applies the restart
+// policy: the job is requeued and starts its next attempt.
+TEST_F(FullDiskTest, ARestartOnAFullDiskStartsAndAppliesTheRestartPolicyOnceThereIsRoom) {
+  Make();
+  const std::string id = Submit("survivor", 0, 3);
+  StartNext();
+  const int64_t pid = launcher_->pids.back();
+  const fs::path filler = testing::FillDisk(disk);
+  cfg_.requeue_on_restart = true;
+  manager_.reset();
+  launcher_ = std::make_unique<FakeLauncher>();
+  metrics_ = std::make_unique<Metrics>();
+  manager_ = std::make_unique<JobManager>(cfg_, store_.get(), metrics_.get(), launcher_.get(), &clock_);
+  ASSERT_TRUE(manager_->Recover().ok());
+  auto& m = *manager_;
+  ASSERT_EQ(launcher_->orphans.size(), 1u);
+  EXPECT_EQ(launcher_->orphans[0], std::make_pair(pid, id));
+  EXPECT_EQ(Get(id).state(), ftd::v1::RUNNING);
+  EXPECT_EQ(Counter("ftd_unrecorded_outcomes", {}), 1);
+  EXPECT_GE(Counter("ftd_store_write_failures_total", {{"write", "state"}}), 1);
+  const auto wait = m.Tick();  // still full: asks to try again within a second
+  ASSERT_TRUE(wait.has_value());
+  EXPECT_LE(wait->count(), 1000);
+  EXPECT_EQ(Get(id).state(), ftd::v1::RUNNING);
+  EXPECT_EQ(launcher_->Launches(), 0u);
+
+  fs::remove(filler);
+  m.Tick();  // writes the restart (requeued), then starts the next attempt in the same round
+  bool requeued = false;
+  for (const auto& e : EventLog(id)) {
+    requeued |= e.has_state() && e.state().state() == ftd::v1::QUEUED && e.state().reason() == "DAEMON_RESTART";
+  }
+  EXPECT_TRUE(requeued);
+  EXPECT_EQ(Counter("ftd_unrecorded_outcomes", {}), 0);
+  ASSERT_EQ(launcher_->Launches(), 1u);
+  EXPECT_EQ(launcher_->Last().attempt, 2);
+  EXPECT_EQ(Get(id).state(), ftd::v1::RUNNING);
+}
+
 // Nothing but the clock wakes the scheduler for a worker that goes silent right after its start:
 // the round that starts it asks to run again by the heartbeat's deadline.
 TEST_F(JobManagerTest, TheRoundThatStartsAWorkerAsksToRunAgainByItsHeartbeatDeadline) {

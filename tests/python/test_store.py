@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from ftdapi import JobService, enum, msg, spec
-from ftdservice import FTCTL, TINY, Daemon, ftctl
+from ftdservice import FTCTL, TINY, Daemon, ftctl, get, submit, wait_for
 
 QUEUED = enum("JobState", "QUEUED")
 
@@ -132,12 +132,12 @@ def test_list_pages_in_both_orders_with_filters(tmp_path):
         d.stop()
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """An 8 MiB tmpfs mounted on tmp_path/data (unmounted after the test)."""
+def mounted_tmpfs(tmp_path, size):
+    """A tmpfs of `size` ("8m") mounted on tmp_path/data, unmounted after the test; skips where the
+    test may not mount."""
     data = tmp_path / "data"
     data.mkdir()
-    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "ftd-test-tmpfs", str(data)],
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "ftd-test-tmpfs", str(data)],
                        capture_output=True, text=True)
     if p.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs to fill ({p.stderr.strip()}): run as root to test a full disk")
@@ -145,6 +145,12 @@ def small_disk(tmp_path):
         yield data
     finally:
         subprocess.run(["umount", "-l", str(data)], check=False)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """An 8 MiB tmpfs on tmp_path/data."""
+    yield from mounted_tmpfs(tmp_path, "8m")
 
 
 def fill(path):
@@ -196,3 +202,53 @@ def test_full_disk_submit_is_resource_exhausted_and_recovers(tmp_path, small_dis
         db.close()
     finally:
         d.stop()
+
+
+@pytest.fixture
+def job_disk(tmp_path):
+    """A 48 MiB tmpfs on tmp_path/data: room for a few checkpoints of the tiny model."""
+    yield from mounted_tmpfs(tmp_path, "48m")
+
+
+def test_a_disk_that_fills_under_a_running_job(tmp_path, job_disk):
+    """The real worker trains with its checkpoints and the daemon's database on a small tmpfs that
+    fills while it runs. The worker fails writing a checkpoint; the daemon, which cannot write that
+    outcome either, keeps it in memory and says why, naming the filesystem. ftd killed and started
+    again while the disk is still full starts (before: it exited, its restart write refused), serves
+    reads and refuses submits naming the disk. Once space is freed it records the restart, requeues
+    the job, and the next attempt resumes from the last complete checkpoint to the final step: every
+    acknowledged step and checkpoint kept."""
+    steps = 40
+    spec_ = dict(TINY, batch_size=2, seq_len=16, steps=steps, checkpoint={"every_steps": 2, "keep_last": 1})
+    d = Daemon(tmp_path, "--max-attempts", "2")
+    filler = job_disk / "filler"
+    try:
+        job = submit(d, spec_)
+        ck = job_disk / "jobs" / job / "checkpoints"
+        wait_for(lambda: ck.exists() and any(p.name == "step-00000002" for p in ck.iterdir()), 120, "a checkpoint")
+        fill(filler)
+        wait_for(lambda: "CANNOT RECORD the outcome of job " + job in d.read_log(), 120, "the worker to fail")
+        line = [l for l in d.read_log().splitlines() if "CANNOT RECORD the outcome of job " + job in l][0]
+        assert "No space left on device" in line and "the disk is full" in line, line
+        assert "ftd-test-tmpfs (tmpfs)" in line, line
+        assert get(d, job)["state"] == "RUNNING"
+        kept = sorted(p.name for p in ck.iterdir() if not p.name.endswith(".tmp"))
+
+        d.kill()
+        d.start()  # the disk still full
+        assert "CANNOT RECORD that job " + job + " was running when ftd restarted" in d.read_log()
+        assert get(d, job)["state"] == "RUNNING"
+        cli = ftctl(d, "submit", "--default", "--set", "device=cpu")
+        assert cli.returncode != 0 and "disk is full" in cli.stderr, cli.stderr
+
+        os.remove(filler)
+        done = wait_for(lambda: (lambda j: j if j["state"] in ("FAILED", "SUCCEEDED", "CANCELLED") else None)(
+            get(d, job)), 300, "the job to end once there is room")
+        assert done["state"] == "SUCCEEDED", done
+        assert int(done["attempt"]) == 2 and int(done["result"]["steps_done"]) == steps, done
+        log = ftctl(d, "logs", job).stdout
+        assert f"resumed from {ck / kept[-1]}" in log, (kept, log[-3000:])
+    finally:
+        d.stop()
+        if filler.exists():
+            os.remove(filler)
