@@ -359,6 +359,12 @@ void CallAuth::Forget(const grpc::ServerContextBase* ctx, const void* by) {
   if (auto it = calls_.find(ctx); it != calls_.end() && it->second.by == by) calls_.erase(it);
 }
 
+absl::StatusOr<CallLimiter::Lease> CallAuth::Admit(const grpc::ServerContextBase* ctx, const Identity& who,
+                                                   bool stream) const {
+  if (limits_ == nullptr || who.role() == ftd::v1::ROLE_ADMIN) return CallLimiter::Lease();
+  return limits_->Admit(who.user(), ctx->peer(), stream);
+}
+
 absl::StatusOr<Identity> CallAuth::Caller(const grpc::ServerContextBase* ctx) const {
   std::lock_guard<std::mutex> l(mu_);
   auto it = calls_.find(ctx);

@@ -31,6 +31,7 @@
 #include "ftd/v1/admin.pb.h"
 #include "google/protobuf/message.h"
 #include "server/auth_store.h"
+#include "server/call_limits.h"
 #include "server/clock.h"
 
 namespace ftd::server {
@@ -111,14 +112,19 @@ class Authenticator {
 // appended to the audit log with its outcome before the answer is sent.
 class CallAuth {
  public:
-  CallAuth(const Authenticator* auth, AuthStore* audit, const Clock* clock)
-      : auth_(auth), audit_(audit), clock_(clock) {}
+  // `limits`: applied to every call of a non-admin (null: none).
+  CallAuth(const Authenticator* auth, AuthStore* audit, const Clock* clock, CallLimiter* limits = nullptr)
+      : auth_(auth), audit_(audit), clock_(clock), limits_(limits) {}
 
   std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> InterceptorFactory();
   // The caller of the call `ctx` serves: UNAUTHENTICATED saying why when it proved no identity.
   absl::StatusOr<Identity> Caller(const grpc::ServerContextBase* ctx) const;
 
   static bool IsMutating(const std::string& method);
+
+  // Counts the call `ctx` of `who` against the rate and stream limits (server/call_limits.h), keyed
+  // by user and connection: RESOURCE_EXHAUSTED naming the limit, or a lease to hold while it runs.
+  absl::StatusOr<CallLimiter::Lease> Admit(const grpc::ServerContextBase* ctx, const Identity& who, bool stream) const;
 
   // What an audited call's record names: the target (the response's job or token id, else the
   // request's id) and the request's plain fields. Handlers call it (through Authed, handler.h) with
@@ -136,6 +142,7 @@ class CallAuth {
   const Authenticator* auth_;
   AuthStore* audit_;
   const Clock* clock_;
+  CallLimiter* limits_;
   mutable std::mutex mu_;
   struct Call {
     const void* by;

@@ -21,9 +21,9 @@ namespace ftd::server {
 
 struct CallLimitsConfig {
   double user_rate = 100;        // calls per second a user may sustain (0: no limit)
-  double user_burst = 200;       // calls a user may make at once
-  double connection_rate = 100;  // calls per second one connection may sustain (0: no limit)
-  double connection_burst = 200;
+  double user_burst = 200;       // calls a user may make at once (ftd: twice the rate)
+  double connection_rate = 50;   // calls per second one connection may sustain (0: no limit)
+  double connection_burst = 100;
   int user_streams = 64;        // concurrent streaming calls of one user (0: no limit)
   int connection_streams = 32;  // concurrent streaming calls on one connection
 };

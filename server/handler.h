@@ -23,14 +23,16 @@ grpc::Status Guard(F&& f) {
   }
 }
 
-// Runs f(caller) for the identity the auth interceptor established for `ctx`, and gives the audit
-// log the call's request and response (`resp` may be null: a stream).
+// Runs f(caller) for the identity the auth interceptor established for `ctx`, within the caller's
+// rate and stream limits, and gives the audit log the call's request and response (`resp` is null
+// for a streaming call: it then holds one of the caller's stream places while f runs).
 template <typename F>
 grpc::Status Authed(const CallAuth* auth, const grpc::ServerContextBase* ctx, const google::protobuf::Message* req,
                     const google::protobuf::Message* resp, F&& f) {
   return Guard([&] {
     auto who = auth->Caller(ctx);
-    grpc::Status st = who.ok() ? f(*who) : ToGrpc(who.status());
+    absl::StatusOr<CallLimiter::Lease> lease = who.ok() ? auth->Admit(ctx, *who, resp == nullptr) : who.status();
+    grpc::Status st = lease.ok() ? f(*who) : ToGrpc(lease.status());
     auth->Describe(ctx, req, st.ok() ? resp : nullptr);
     return st;
   });

@@ -166,6 +166,19 @@ int main(int argc, char** argv) {
   app.add_option("--read-only-root", sandbox.read_only_roots,
                  "a shared directory every job may read, e.g. /srv/models (repeatable). With no root at all, spec "
                  "paths are not confined (docs/security.md)");
+  ftd::server::CallLimitsConfig limits;
+  app.add_option("--max-calls-per-s-per-user", limits.user_rate,
+                 "calls per second a non-admin user may sustain, in bursts of twice as many (0: no limit)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--max-calls-per-s-per-connection", limits.connection_rate,
+                 "calls per second one connection of a non-admin may sustain, in bursts of twice as many (0: no limit)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--max-streams-per-user", limits.user_streams,
+                 "streaming calls (watch, logs, trace) a non-admin user may have open at once (0: no limit)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--max-streams-per-connection", limits.connection_streams,
+                 "streaming calls one connection of a non-admin may have open at once (0: no limit)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
   // ftd token create|list|revoke: on auth.db directly, the daemon running or not.
   auto* token = app.add_subcommand("token", "Create, list and revoke bearer tokens on DATA_DIR/auth.db directly "
                                             "(with ftd stopped or running; docs/security.md)");
@@ -318,7 +331,10 @@ int main(int argc, char** argv) {
   ac.daemon_uid = ::getuid();
   ac.client_certs = !lc.tls_client_ca.empty();
   ftd::server::Authenticator authenticator(ac, auth_store->get(), &clock, local->get());
-  ftd::server::CallAuth call_auth(&authenticator, auth_store->get(), &clock);
+  limits.user_burst = std::max(1.0, 2 * limits.user_rate);
+  limits.connection_burst = std::max(1.0, 2 * limits.connection_rate);
+  ftd::server::CallLimiter limiter(limits, &clock);
+  ftd::server::CallAuth call_auth(&authenticator, auth_store->get(), &clock, &limiter);
   ftd::server::JobServiceImpl jobs(&manager, &stopping, &call_auth, priority_cap);
   ftd::server::AdminServiceImpl admin(&call_auth, auth_store->get(), &clock);
   ftd::server::WorkerServiceImpl workers(&manager);

@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from ftdapi import POOL, JobService, enum_name, msg, spec
-from ftdservice import TINY, Daemon, wait_for
+from ftdservice import TINY, Daemon, make_token, wait_for
 
 
 def submit_raw(daemon, raw):
@@ -175,3 +175,64 @@ def test_a_worker_over_its_cgroups_memory_limit_is_out_of_memory_and_not_retried
             if child.is_dir():
                 child.rmdir()
         parent.rmdir()
+
+
+def test_one_user_is_held_to_call_rate_and_stream_limits_per_user_and_connection(tmp_path):
+    d = Daemon(tmp_path, "--paused", "--max-calls-per-s-per-user", "5", "--max-streams-per-user", "2",
+               "--max-streams-per-connection", "1")
+    try:
+        secret = make_token(d, "carol").read_text().strip()
+        auth = (("authorization", f"Bearer {secret}"),)
+        # A subchannel pool per channel: three TCP connections (by default channels share them).
+        channels = [grpc.insecure_channel(d.tcp, options=[("grpc.use_local_subchannel_pool", 1)]) for _ in range(3)]
+        svcs = [JobService(c) for c in channels]
+        sched = msg("SchedulerRequest")()
+
+        # Rate: a burst of twice the rate passes, then calls are refused until the bucket refills.
+        answers = []
+        for _ in range(30):
+            try:
+                svcs[0].GetScheduler(sched, metadata=auth, timeout=10)
+                answers.append("OK")
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, (e.code(), e.details())
+                assert "user carol is over the call rate limit of 5 calls per second (bursts of 10" in e.details()
+                answers.append("REFUSED")
+        assert answers[:10] == ["OK"] * 10 and "REFUSED" in answers, answers
+        # Another connection of the same user draws on the same bucket; an admin is not limited.
+        code, details = refused(lambda: svcs[1].GetScheduler(sched, metadata=auth, timeout=10))
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
+        admin = JobService(grpc.insecure_channel(d.addr))
+        for _ in range(50):
+            admin.GetScheduler(sched, timeout=10)
+        time.sleep(2.2)  # refills the burst
+
+        # Streams: one per connection, two per user; a closed stream gives its place back.
+        job = svcs[0].SubmitJob(msg("SubmitJobRequest")(spec=spec(TINY)), metadata=auth, timeout=10).job.id
+        watch = msg("WatchJobRequest")(id=job)
+
+        def open_watch(i):
+            it = svcs[i].WatchJob(watch, metadata=auth, timeout=60)
+            next(it)  # the job's first event: the stream is open on the daemon
+            return it
+
+        first = open_watch(0)
+        code, details = refused(lambda: open_watch(0))
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "(--max-streams-per-connection 1)" in details, details
+        second = open_watch(1)
+        code, details = refused(lambda: open_watch(2))
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
+        assert "user carol has 2 streaming calls open" in details and "(--max-streams-per-user 2)" in details, details
+        first.cancel()
+
+        def reopened():
+            try:
+                return open_watch(2)
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e.details()
+                time.sleep(0.5)
+                return None
+        wait_for(reopened, 10, "the cancelled stream's place to be given back").cancel()
+        second.cancel()
+    finally:
+        d.stop()
