@@ -6,6 +6,8 @@ object with per-step metrics. Used by bench/train_bench.py.
   --variant compile  the same model under torch.compile (model.compile())
   --variant liger    Liger-Kernel's LLaMA patches (RoPE, RMSNorm, SwiGLU, fused linear cross-entropy;
                      the loss from shift_labels, the same targets)
+  --variant float8   torchao's float8 training (convert_to_float8_training: every decoder linear in FP8
+                     with per-tensor dynamic scaling, lm_head in bf16, as ftd's fp8 set) under torch.compile
   --grad-ckpt        HF's gradient checkpointing (non-reentrant), for shapes that do not fit without it
 """
 import argparse
@@ -25,7 +27,7 @@ def main():
     ap.add_argument("--seq", type=int, required=True)
     ap.add_argument("--steps", type=int, required=True)
     ap.add_argument("--lr", type=float, default=1e-5)
-    ap.add_argument("--variant", choices=["eager", "compile", "liger"], default="eager")
+    ap.add_argument("--variant", choices=["eager", "compile", "liger", "float8"], default="eager")
     ap.add_argument("--grad-ckpt", action="store_true", help="HF gradient checkpointing (non-reentrant)")
     ap.add_argument("--phase-times", action="store_true",
                     help="print each step's phase GPU times, as ftd-worker run --phase-times does")
@@ -54,7 +56,15 @@ def main():
     model.train()
     if args.grad_ckpt:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if args.variant == "compile":
+    if args.variant == "float8":
+        try:
+            from torchao.float8 import convert_to_float8_training
+        except ImportError as e:
+            out.update(outcome="FAILED", message=f"torchao is not installed ({e}): put its wheel in .whl/")
+            print(json.dumps(out), flush=True)
+            return
+        convert_to_float8_training(model, module_filter_fn=lambda mod, fqn: fqn != "lm_head")
+    if args.variant in ("compile", "float8"):
         model.compile()
     params = list(model.parameters())
     opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},

@@ -9,7 +9,7 @@ A run that runs out of memory is recorded as such and the benchmark goes on.
 ftd impls: a kernel set with options joined by `+`: `fused+ac=selective` (spec.activation_checkpointing),
 `fused+es` (spec.expandable_segments), `fused+fp` (spec.kernel_tuning.fused_projections), e.g.
 `fused+ac=full+es`. Peers: `hf` (HF eager, sdpa, fused AdamW), `hf-compile` (torch.compile),
-`hf-liger` (Liger-Kernel). --peer-gc auto (default) reruns a peer that ran out of memory with HF's
+`hf-liger` (Liger-Kernel), `hf-float8` (torchao float8 training + torch.compile). --peer-gc auto (default) reruns a peer that ran out of memory with HF's
 gradient checkpointing, and the table names it `+gc`; `on` always uses it, `off` never.
 
 The issue-14 table in three commands (about 10 minutes each on an H200, estimated; scripts/gpu.sh stages
@@ -17,6 +17,9 @@ perf, perf-long and perf-peers):
   train_bench.py --shapes 1x512,4x2048,8x2048,16x2048 --impls fused,fused+es,fused+ac=selective,fused+ac=full
   train_bench.py --shapes 1x8192,2x8192,1x32768 --impls fused,fused+ac=selective,fused+ac=full --steps 8
   train_bench.py --shapes 1x512,4x2048,8x2048,16x2048,1x8192,2x8192 --impls hf,hf-compile,hf-liger --steps 8
+
+The fp8 table (scripts/gpu.sh stage fp8): ftd's fp8 set against its bf16 fused set and HF + torchao float8:
+  train_bench.py --shapes 4x2048,8x2048,2x8192 --impls fused,fp8,hf-float8 --steps 12
 
 With --base-worker, an impl written `fused@base` (or `eager@base`) runs that kernel set on the other
 build (another commit's ftd-worker), so two versions of ftd are compared in one invocation on the
@@ -99,7 +102,8 @@ def run_hf(tokens, b, t, steps, variant, grad_ckpt):
 
 
 def run_peer(tokens, b, t, steps, impl, peer_gc):
-    variant = {"hf": "eager", "hf-eager": "eager", "hf-compile": "compile", "hf-liger": "liger"}[impl]
+    variant = {"hf": "eager", "hf-eager": "eager", "hf-compile": "compile", "hf-liger": "liger",
+               "hf-float8": "float8"}[impl]
     r = run_hf(tokens, b, t, steps, variant, peer_gc == "on")
     if r["outcome"] == "OUT_OF_MEMORY" and peer_gc == "auto":
         print(f"# {r['impl']} {b}x{t}: OUT_OF_MEMORY; again with gradient checkpointing", flush=True)

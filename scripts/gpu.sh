@@ -4,10 +4,12 @@
 # prometheus-cpp, GoogleTest, CLI11, JSON) come unpacked from .devdeps/ when present
 # (scripts/fetch-gpu-deps.sh fills it on a development machine). Results go to $OUT (default gpu-out/).
 #   scripts/gpu.sh [STAGE...]    stages, run in the order given: build test kbench e2e lora data service
-#                                profile ckpt ab default (none given: build test kbench e2e lora service profile)
+#                                profile ckpt ab fp8 default (none given: build test kbench e2e lora service profile)
 #   ckpt: the 8B checkpoint's write and load GB/s and the cancel-to-exit latency, during a step and
 #       during a checkpoint write (bench/ckpt_bench.py; its ~48 GB checkpoint goes under CKPT_ROOT,
 #       default /tmp, never under $OUT).
+#   fp8: ftd's fp8 set against its bf16 fused set and HF + torchao float8 at 4x2048, 8x2048, 2x8192
+#       (bench/train_bench.py; FP8_ARGS: more flags).
 #   ab: this tree's ftd-worker against another version's, the 8B fused step in one invocation
 #       (BASE_SRC: that version's source tree, e.g. `git archive REV | tar x -C base-src`;
 #       AB_ARGS: bench/train_bench.py flags, default --shapes 4x2048 --repeat 3).
@@ -123,6 +125,11 @@ for stage in "${stages[@]}"; do
       python3 bench/train_bench.py --worker "$build/worker/ftd-worker" --out "$out/perf-levers" \
         --shapes 1x512,4x2048 --impls fused,fused+fp,fused+es,fused+fp+ac=selective ${PERF_ARGS:-} 2>&1 \
         | tee "$out/perf_levers_bench.log" | grep -v "^{" ;;
+    fp8)
+      stamp "fp8 kernel set: ftd fp8 vs ftd fused (bf16) vs HF + torchao float8"
+      python3 bench/train_bench.py --worker "$build/worker/ftd-worker" --out "$out/fp8" \
+        --shapes 4x2048,8x2048,2x8192 --impls fused,fp8,hf-float8 --steps 12 ${FP8_ARGS:-} 2>&1 \
+        | tee "$out/fp8_bench.log" | grep -v "^{" ;;
     lora-ac)
       stamp "LoRA 4x2048 with activation checkpointing"
       python3 bench/lora_bench.py --worker "$build/worker/ftd-worker" --out "$out/lora-ac" --shapes 4x2048 \
@@ -131,7 +138,7 @@ for stage in "${stages[@]}"; do
     default)
       "$build/worker/ftd-worker" run --default --format text --set steps=${DEFAULT_STEPS:-10} 2>&1 \
         | tee "$out/default-job.log" | tail -4 ;;
-    *) echo "gpu.sh: unknown stage $stage (build test kbench e2e lora data service profile ckpt ab default)"; exit 2 ;;
+    *) echo "gpu.sh: unknown stage $stage (build test kbench e2e lora data service profile ckpt ab fp8 default)"; exit 2 ;;
   esac
 done
 stamp "done (rc $rc)"
