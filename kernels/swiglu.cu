@@ -19,8 +19,14 @@
 // input (8 bf16 / 4 fp32 elements each), all loads issued before the first use; the n % V tail elements
 // (V = elements per vector) are done one by one by the first threads of block 0. Scalar otherwise (an
 // unaligned view): one element per thread. Both are exercised by swiglu_test.cc.
+//
+// Rows (SwiGluForwardRows, SwiGluBackwardRows): the same math over rows x cols elements whose rows are
+// strided (a fused gate|up GEMM output read in place, its gradient written in place): one V-element
+// chunk per thread in a grid-stride loop (row and column from the chunk index), vector loads when every
+// base pointer is 16-byte aligned and cols and the leading dimensions are multiples of V, else V = 1.
 #include <algorithm>
 #include <climits>
+#include <initializer_list>
 
 #include "kernels/common.cuh"
 #include "kernels/swiglu.h"
@@ -168,7 +174,137 @@ cudaError_t Backward(const T* dout, const T* gate, const T* up, T* dgate, T* dup
   return cudaGetLastError();
 }
 
+// One V-element chunk of a row; V = 1: a scalar.
+template <typename T, int V>
+struct Chunk {
+  float v[V];
+};
+template <typename T, int V>
+__device__ __forceinline__ Chunk<T, V> LoadChunk(const T* p) {
+  Chunk<T, V> c;
+  if constexpr (V == 1) {
+    c.v[0] = ToFloat(*p);
+  } else {
+    const Vec<T> x = LoadVec(p);
+#pragma unroll
+    for (int j = 0; j < V; ++j) c.v[j] = ToFloat(x.v[j]);
+  }
+  return c;
+}
+template <typename T, int V>
+__device__ __forceinline__ void StoreChunk(T* p, const Chunk<T, V>& c) {
+  if constexpr (V == 1) {
+    *p = FromFloat<T>(c.v[0]);
+  } else {
+    Vec<T> x;
+#pragma unroll
+    for (int j = 0; j < V; ++j) x.v[j] = FromFloat<T>(c.v[j]);
+    StoreVec(p, x);
+  }
+}
+
+// Forward: out rows at out + r * ld_out (dout, dup unused). Backward: dout rows at dout + r * ld_out,
+// dgate (in `out`) and dup rows at + r * ld_in.
+template <typename T, int V, bool kBackward>
+__global__ void __launch_bounds__(kThreads)
+    SwiGluRowsKernel(const T* dout, int64_t ld_out, const T* gate, const T* up, int64_t ld_in, T* out, T* dup,
+                     int64_t rows, int64_t cols) {
+  const int64_t per_row = cols / V, chunks = rows * per_row;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < chunks;
+       i += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const int64_t r = i / per_row, c = (i - r * per_row) * V;
+    const auto g = LoadChunk<T, V>(gate + r * ld_in + c);
+    const auto u = LoadChunk<T, V>(up + r * ld_in + c);
+    if constexpr (kBackward) {
+      const auto d = LoadChunk<T, V>(dout + r * ld_out + c);
+      Chunk<T, V> dg, du;
+#pragma unroll
+      for (int j = 0; j < V; ++j) BwdMath(d.v[j], g.v[j], u.v[j], dg.v[j], du.v[j]);
+      StoreChunk<T, V>(out + r * ld_in + c, dg);
+      StoreChunk<T, V>(dup + r * ld_in + c, du);
+    } else {
+      Chunk<T, V> o;
+#pragma unroll
+      for (int j = 0; j < V; ++j) o.v[j] = FwdMath(g.v[j], u.v[j]);
+      StoreChunk<T, V>(out + r * ld_out + c, o);
+    }
+  }
+}
+
+unsigned RowsGrid(int64_t chunks) {
+  return static_cast<unsigned>(std::clamp<int64_t>(CeilDiv(chunks, kThreads), 1, 65536));
+}
+
+template <typename T>
+bool RowsVectorizable(std::initializer_list<const void*> ptrs, std::initializer_list<int64_t> dims) {
+  for (const void* p : ptrs) {
+    if (!detail::Aligned16(p)) return false;
+  }
+  for (int64_t d : dims) {
+    if (d % kVec<T> != 0) return false;
+  }
+  return true;
+}
+
+template <typename T>
+cudaError_t ForwardRows(const T* gate, const T* up, int64_t ld_in, T* out, int64_t ld_out, int64_t rows, int64_t cols,
+                        cudaStream_t stream) {
+  constexpr int V = kVec<T>;
+  if (RowsVectorizable<T>({gate, up, out}, {cols, ld_in, ld_out})) {
+    SwiGluRowsKernel<T, V, false><<<RowsGrid(rows * (cols / V)), kThreads, 0, stream>>>(nullptr, ld_out, gate, up,
+                                                                                          ld_in, out, nullptr, rows, cols);
+  } else {
+    SwiGluRowsKernel<T, 1, false><<<RowsGrid(rows * cols), kThreads, 0, stream>>>(nullptr, ld_out, gate, up, ld_in,
+                                                                                   out, nullptr, rows, cols);
+  }
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t BackwardRows(const T* dout, int64_t ld_out, const T* gate, const T* up, int64_t ld_in, T* dgate, T* dup,
+                         int64_t rows, int64_t cols, cudaStream_t stream) {
+  constexpr int V = kVec<T>;
+  if (RowsVectorizable<T>({dout, gate, up, dgate, dup}, {cols, ld_in, ld_out})) {
+    SwiGluRowsKernel<T, V, true><<<RowsGrid(rows * (cols / V)), kThreads, 0, stream>>>(dout, ld_out, gate, up,
+                                                                                         ld_in, dgate, dup, rows, cols);
+  } else {
+    SwiGluRowsKernel<T, 1, true><<<RowsGrid(rows * cols), kThreads, 0, stream>>>(dout, ld_out, gate, up, ld_in, dgate,
+                                                                                  dup, rows, cols);
+  }
+  return cudaGetLastError();
+}
+
 }  // namespace
+
+cudaError_t SwiGluForwardRows(DType dtype, const void* gate, const void* up, int64_t ld_in, void* out, int64_t ld_out,
+                              int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (rows < 0 || cols < 0 || ld_in < cols || ld_out < cols) return cudaErrorInvalidValue;
+  if (rows == 0 || cols == 0) return cudaSuccess;
+  if (gate == nullptr || up == nullptr || out == nullptr) return cudaErrorInvalidValue;
+  if (dtype == DType::kF32) {
+    return ForwardRows(static_cast<const float*>(gate), static_cast<const float*>(up), ld_in, static_cast<float*>(out),
+                       ld_out, rows, cols, stream);
+  }
+  return ForwardRows(static_cast<const __nv_bfloat16*>(gate), static_cast<const __nv_bfloat16*>(up), ld_in,
+                     static_cast<__nv_bfloat16*>(out), ld_out, rows, cols, stream);
+}
+
+cudaError_t SwiGluBackwardRows(DType dtype, const void* dout, int64_t ld_out, const void* gate, const void* up,
+                               int64_t ld_in, void* dgate, void* dup, int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (rows < 0 || cols < 0 || ld_in < cols || ld_out < cols) return cudaErrorInvalidValue;
+  if (rows == 0 || cols == 0) return cudaSuccess;
+  if (dout == nullptr || gate == nullptr || up == nullptr || dgate == nullptr || dup == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  if (dtype == DType::kF32) {
+    return BackwardRows(static_cast<const float*>(dout), ld_out, static_cast<const float*>(gate),
+                        static_cast<const float*>(up), ld_in, static_cast<float*>(dgate), static_cast<float*>(dup),
+                        rows, cols, stream);
+  }
+  return BackwardRows(static_cast<const __nv_bfloat16*>(dout), ld_out, static_cast<const __nv_bfloat16*>(gate),
+                      static_cast<const __nv_bfloat16*>(up), ld_in, static_cast<__nv_bfloat16*>(dgate),
+                      static_cast<__nv_bfloat16*>(dup), rows, cols, stream);
+}
 
 cudaError_t SwiGluForward(DType dtype, const void* gate, const void* up, void* out, int64_t n, cudaStream_t stream) {
   if (n < 0) return cudaErrorInvalidValue;

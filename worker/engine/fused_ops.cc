@@ -155,6 +155,38 @@ struct SwiGluFn : public torch::autograd::Function<SwiGluFn> {
   }
 };
 
+struct SwiGluPackedFn : public torch::autograd::Function<SwiGluPackedFn> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& y_in) {
+    const auto dt = KDType(y_in, "swiglu gate_up");
+    TORCH_CHECK(y_in.size(-1) % 2 == 0, "swiglu: gate_up's last dimension must be even");
+    auto y = y_in.contiguous();
+    const int64_t f = y.size(-1) / 2, rows = y.numel() / (2 * f);
+    auto shape = y.sizes().vec();
+    shape.back() = f;
+    auto out = torch::empty(shape, y.options());
+    const size_t es = y.element_size();
+    RECORD_FUNCTION("ftd::swiglu_forward", c10::ArrayRef<const c10::IValue>{});
+    Check(k::SwiGluForwardRows(dt, y.data_ptr(), static_cast<char*>(y.data_ptr()) + f * es, 2 * f, out.data_ptr(), f,
+                               rows, f, Stream()),
+          "SwiGluForwardRows");
+    ctx->save_for_backward({y});
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto y = ctx->get_saved_variables()[0];
+    auto dout = grads[0].contiguous();
+    const int64_t f = y.size(-1) / 2, rows = y.numel() / (2 * f);
+    auto dy = torch::empty_like(y);
+    const size_t es = y.element_size();
+    RECORD_FUNCTION("ftd::swiglu_backward", c10::ArrayRef<const c10::IValue>{});
+    Check(k::SwiGluBackwardRows(KDType(y, "swiglu gate_up"), dout.data_ptr(), f, y.data_ptr(),
+                                static_cast<char*>(y.data_ptr()) + f * es, 2 * f, dy.data_ptr(),
+                                static_cast<char*>(dy.data_ptr()) + f * es, rows, f, Stream()),
+          "SwiGluBackwardRows");
+    return {dy};
+  }
+};
+
 // ---- cross-entropy -----------------------------------------------------------------------------
 struct CrossEntropyFn : public torch::autograd::Function<CrossEntropyFn> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits_in, const torch::Tensor& labels_in,
@@ -249,6 +281,7 @@ torch::Tensor Rope(const torch::Tensor& x, const torch::Tensor& cos, const torch
   return RopeFn::apply(x, cos, sin);
 }
 torch::Tensor SwiGlu(const torch::Tensor& gate, const torch::Tensor& up) { return SwiGluFn::apply(gate, up); }
+torch::Tensor SwiGluPacked(const torch::Tensor& gate_up) { return SwiGluPackedFn::apply(gate_up); }
 torch::Tensor CrossEntropySum(const torch::Tensor& logits, const torch::Tensor& labels, int64_t ignore_index) {
   return CrossEntropyFn::apply(logits, labels, ignore_index);
 }
@@ -324,6 +357,7 @@ bool Available() { return false; }
 torch::Tensor RmsNorm(const torch::Tensor&, const torch::Tensor&, double) { Missing(); }
 torch::Tensor Rope(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&) { Missing(); }
 torch::Tensor SwiGlu(const torch::Tensor&, const torch::Tensor&) { Missing(); }
+torch::Tensor SwiGluPacked(const torch::Tensor&) { Missing(); }
 torch::Tensor CrossEntropySum(const torch::Tensor&, const torch::Tensor&, int64_t) { Missing(); }
 torch::Tensor LinearCrossEntropy(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&,
                                  int64_t, int64_t) {

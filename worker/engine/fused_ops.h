@@ -18,6 +18,9 @@ torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& w, double eps
 torch::Tensor Rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
 // silu(gate) * up, elementwise; same shape and dtype.
 torch::Tensor SwiGlu(const torch::Tensor& gate, const torch::Tensor& up);
+// The same for gate_up [..., 2f] holding gate and up side by side in each row (a fused gate|up GEMM's
+// output), read in place -> [..., f]; backward writes the gradient of gate_up in one buffer.
+torch::Tensor SwiGluPacked(const torch::Tensor& gate_up);
 // Sum over rows whose label is not ignore_index of the cross-entropy of logits [N, V] (fp32 scalar),
 // online softmax, no fp32 copy of the logits and no softmax tensor.
 torch::Tensor CrossEntropySum(const torch::Tensor& logits, const torch::Tensor& labels, int64_t ignore_index);

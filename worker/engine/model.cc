@@ -368,18 +368,34 @@ torch::Tensor LlamaModel::Project(const torch::Tensor& x, const torch::Tensor& w
   return LoraLinear(x, w, ad, lora_.Scale(), lora_.dropout, train);
 }
 
+bool LlamaModel::Fuses(const std::vector<torch::Tensor>& ws, const std::vector<const LoraAdapter*>& ads) const {
+  // FP8 matmuls take the weights one by one (fp8_ops): their own grouping.
+  return fused_projections_ && !kernels_[KernelOp::kMatmul] && ws.size() > 1 &&
+         std::none_of(ads.begin(), ads.end(), [](const LoraAdapter* ad) { return ad->on(); });
+}
+
+torch::Tensor LlamaModel::ProjectFused(const torch::Tensor& x, const std::vector<torch::Tensor>& ws) const {
+  return torch::linear(x, ConcatRowsFn::apply(at::TensorList(ws)));
+}
+
+torch::Tensor LlamaModel::SwiGluPacked(const torch::Tensor& y) const {
+  RECORD_USER_SCOPE("ftd::op::swiglu");
+  if (kernels_[KernelOp::kSwiGlu]) return fused::SwiGluPacked(y);
+  auto parts = y.chunk(2, -1);
+  return torch::silu(parts[0]) * parts[1];
+}
+
 std::vector<torch::Tensor> LlamaModel::ProjectShared(const torch::Tensor& x, const std::vector<torch::Tensor>& ws,
                                                      const std::vector<const LoraAdapter*>& ads, bool train) const {
   if (kernels_[KernelOp::kMatmul]) {  // FP8 (no LoRA: validated)
     RECORD_USER_SCOPE("ftd::op::matmul");
     return fp8::Linears(x, ws, &fp8_weights_);
   }
-  if (fused_projections_ && ws.size() > 1 &&
-      std::none_of(ads.begin(), ads.end(), [](const LoraAdapter* ad) { return ad->on(); })) {
+  if (Fuses(ws, ads)) {
     // One GEMM over the concatenated weights; the outputs are column blocks of its result.
     std::vector<int64_t> cols;
     for (const auto& w : ws) cols.push_back(w.size(0));
-    return torch::linear(x, ConcatRowsFn::apply(at::TensorList(ws))).split_with_sizes(cols, -1);
+    return ProjectFused(x, ws).split_with_sizes(cols, -1);
   }
   std::vector<torch::Tensor> out(ws.size());
   // The grouped function has no dropout: with lora.dropout > 0 the eager path runs.
@@ -432,11 +448,16 @@ torch::Tensor LlamaModel::DecoderLayer(const Layer& L, const torch::Tensor& x_in
   a = a.transpose(1, 2).reshape({B, T, c.num_attention_heads * c.head_dim});
   x = x + ProjectShared(a, {L.o}, {&lora(LoraTarget::kO)}, train)[0];
   h = Norm(x, L.post_norm);
-  auto gate_up = ProjectShared(h, {L.gate, L.up}, {&lora(LoraTarget::kGate), &lora(LoraTarget::kUp)}, train);
+  const std::vector<const LoraAdapter*> gate_up_ads = {&lora(LoraTarget::kGate), &lora(LoraTarget::kUp)};
+  // Fused projections: SwiGLU reads the one GEMM's [gate | up] output in place.
+  const bool packed = Fuses({L.gate, L.up}, gate_up_ads);
+  auto gate_up = packed ? std::vector<torch::Tensor>{ProjectFused(h, {L.gate, L.up})}
+                        : ProjectShared(h, {L.gate, L.up}, gate_up_ads, train);
   if (selective) RecomputeInBackward(h, gate_up, [this, x, w = L.post_norm] { return Norm(x, w); });
-  auto s = SwiGlu(gate_up[0], gate_up[1]);
+  auto swiglu = [this, packed, gate_up] { return packed ? SwiGluPacked(gate_up[0]) : SwiGlu(gate_up[0], gate_up[1]); };
+  auto s = swiglu();
   auto down = ProjectShared(s, {L.down}, {&lora(LoraTarget::kDown)}, train);
-  if (selective) RecomputeInBackward(s, down, [this, g = gate_up[0], u = gate_up[1]] { return SwiGlu(g, u); });
+  if (selective) RecomputeInBackward(s, down, swiglu);
   return x + down[0];
 }
 

@@ -116,6 +116,12 @@ class LlamaModel {
   // one grouped autograd function (lora.h), the others plain.
   std::vector<torch::Tensor> ProjectShared(const torch::Tensor& x, const std::vector<torch::Tensor>& ws,
                                            const std::vector<const LoraAdapter*>& ads, bool train) const;
+  // Fused projections: whether a group runs as one GEMM (no adapter on it), and that GEMM, whose
+  // output is the outputs side by side.
+  bool Fuses(const std::vector<torch::Tensor>& ws, const std::vector<const LoraAdapter*>& ads) const;
+  torch::Tensor ProjectFused(const torch::Tensor& x, const std::vector<torch::Tensor>& ws) const;
+  // SwiGLU of a [..., 2 * intermediate] gate|up output, read in place.
+  torch::Tensor SwiGluPacked(const torch::Tensor& gate_up) const;
   absl::Status WriteWeights(const std::string& dir, bool merged, ProgressMeter* progress) const;
   // Moves q/k/v and gate/up of every layer into one buffer each (tuning.fused_projections).
   void FuseProjectionWeights();
