@@ -20,14 +20,15 @@ def token_file(path, n, vocab=128256, seed=0):
     return Path(path)
 
 
-def start_ftd(build, data_dir, log_path):
-    """Starts ftd and waits until it answers; returns (process, ftctl argv prefix, metrics address)."""
+def start_ftd(build, data_dir, log_path, *flags):
+    """Starts ftd (with `flags` added) and waits until it answers; returns (process, ftctl argv prefix,
+    metrics address)."""
     # Clients on ftd's unix socket: the benchmark, as the user who started ftd, is an admin there.
     sock, metrics = Path(data_dir) / "ftd.sock", f"127.0.0.1:{free_port()}"
     addr = f"unix:{sock}"
     log = open(log_path, "wb")
     proc = subprocess.Popen([str(Path(build) / "server" / "ftd"), "--listen", "", "--socket", str(sock),
-                             "--metrics-listen", metrics, "--data-dir", str(data_dir)], stdout=log, stderr=log)
+                             "--metrics-listen", metrics, "--data-dir", str(data_dir), *flags], stdout=log, stderr=log)
     ftctl = [str(Path(build) / "client" / "ftctl"), "--addr", addr]
     deadline = time.time() + 30
     while time.time() < deadline:

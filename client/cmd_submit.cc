@@ -1,4 +1,5 @@
 // ftctl submit [SPEC.json|SPEC.yaml|- | --default] [--set field=value]... [--name N] [--priority P] [--wait]
+//              [--dry-run]
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -8,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "client/commands.h"
 #include "client/follow.h"
+#include "client/render.h"
 #include "client/spec_input.h"
 #include "spec/paths.h"
 #include "spec/spec.h"
@@ -18,7 +20,7 @@ namespace {
 
 struct SubmitFlags {
   std::string spec_path, name, request_id, owner, kind = "finetune";
-  bool use_default = false, wait = false, max_attempts_given = false;
+  bool use_default = false, wait = false, max_attempts_given = false, dry_run = false;
   std::vector<std::string> sets;
   int priority = 0, max_attempts = 0;
 };
@@ -53,6 +55,16 @@ int RunSubmit(const SubmitFlags& f, Context& ctx) {
   req.set_owner(f.owner);  // empty: ftd records the authenticated caller
   // Always idempotent: a submit retried after a lost answer cannot create a second job.
   req.set_request_id(f.request_id.empty() ? NewRequestId() : f.request_id);
+  if (f.dry_run) {
+    req.set_validate_only(true);
+    auto r = ctx.client().Submit(req);
+    if (!r.ok()) return Fail(r.status());
+    std::cout << "valid; predicted peak memory "
+              << (r->predicted_peak_bytes() > 0 ? FormatBytes(static_cast<uint64_t>(r->predicted_peak_bytes()))
+                                                : std::string("unknown"))
+              << "; " << r->placement() << " (nothing was submitted)" << std::endl;
+    return kExitOk;
+  }
   return Submitted(ctx.client(), ctx.client().Submit(req), f.wait);
 }
 
@@ -71,6 +83,9 @@ Command AddSubmit(CLI::App& app) {
   c->add_option("--owner", f->owner, "submit for another user (admins only; default: you, as ftd authenticates you)");
   c->add_option("--max-attempts", f->max_attempts, "attempts for infrastructure failures, 1..20 (default: ftd's)")
       ->each([f](const std::string&) { f->max_attempts_given = true; });
+  c->add_flag("--dry-run", f->dry_run,
+              "validate through ftd (spec, files, memory, quotas), print the predicted peak memory and where the "
+              "job would run; submit nothing");
   c->add_flag("--wait", f->wait, "wait for the job to end; exit 0 succeeded, 1 failed, 2 cancelled");
   return {c, [f](Context& ctx) { return RunSubmit(*f, ctx); }};
 }

@@ -10,6 +10,7 @@
 #include <map>
 #include <tuple>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/numbers.h"
@@ -136,6 +137,13 @@ namespace {
 
 std::string KindName(ftd::v1::JobKind k) { return k == ftd::v1::PROFILE ? "profile" : "finetune"; }
 
+// The GPU a running job is on ("gpu:N" or "gpu:N/k" slots); -1 otherwise.
+int GpuOf(const Job& j) {
+  if (j.state() != ftd::v1::RUNNING || j.slot().rfind("gpu:", 0) != 0) return -1;
+  int g = -1;
+  return absl::SimpleAtoi(j.slot().substr(4, j.slot().find('/') - 4), &g) ? g : -1;
+}
+
 std::string StepCell(const Job& j) {
   if (!j.has_last_step() || j.last_step().step() == 0) return "-";
   return absl::StrCat(j.last_step().step(), "/", j.last_step().total_steps());
@@ -145,14 +153,21 @@ std::string StepCell(const Job& j) {
 
 std::string JobsTable(const std::vector<Job>& jobs, int64_t now_unix_ms) {
   std::vector<std::vector<std::string>> rows = {
-      {"ID", "NAME", "STATE", "REASON", "KIND", "STEP", "LOSS", "AGE", "DURATION", "PRI", "OWNER"}};
+      {"ID", "NAME", "STATE", "REASON", "KIND", "STEP", "LOSS", "AGE", "DURATION", "PRI", "OWNER", "GPU"}};
+  std::map<int, int> on_gpu;  // running jobs of this list by GPU
   for (const auto& j : jobs) {
+    if (const int g = GpuOf(j); g >= 0) ++on_gpu[g];
+  }
+  for (const auto& j : jobs) {
+    const int g = GpuOf(j);
+    std::string gpu = g < 0 ? "-" : absl::StrCat(g);
+    if (g >= 0 && on_gpu[g] > 1) absl::StrAppend(&gpu, " (", on_gpu[g], " jobs)");
     const double run_s = JobDurationS(j, now_unix_ms);
     rows.push_back({j.id(), j.name().empty() ? "-" : j.name(), ftd::v1::JobState_Name(j.state()),
                     j.reason().empty() ? "-" : j.reason(), KindName(j.kind()), StepCell(j),
                     j.has_last_step() && j.last_step().step() > 0 ? absl::StrFormat("%.4f", j.last_step().loss()) : "-",
                     j.created_unix_ms() > 0 ? FormatDuration((now_unix_ms - j.created_unix_ms()) / 1000.0) : "-",
-                    run_s < 0 ? "-" : FormatDuration(run_s), absl::StrCat(j.priority()), j.owner()});
+                    run_s < 0 ? "-" : FormatDuration(run_s), absl::StrCat(j.priority()), j.owner(), gpu});
   }
   std::vector<size_t> width(rows[0].size(), 0);
   for (const auto& r : rows) {
@@ -184,6 +199,9 @@ std::string JobText(const Job& j, int64_t now_unix_ms) {
   };
   if (j.state() == ftd::v1::QUEUED) kv.emplace_back("queue position", absl::StrCat(j.queue_position()));
   if (!j.slot().empty()) kv.emplace_back("slot", j.slot());
+  if (j.predicted_peak_bytes() > 0) {
+    kv.emplace_back("predicted peak", FormatBytes(static_cast<uint64_t>(j.predicted_peak_bytes())));
+  }
   if (j.worker_pid() != 0) kv.emplace_back("worker pid", absl::StrCat(j.worker_pid()));
   kv.emplace_back("created", FormatTimeUtc(j.created_unix_ms()));
   if (j.started_unix_ms() > 0) kv.emplace_back("started", FormatTimeUtc(j.started_unix_ms()));

@@ -4,12 +4,14 @@
 # prometheus-cpp, GoogleTest, CLI11, JSON) come unpacked from .devdeps/ when present
 # (scripts/fetch-gpu-deps.sh fills it on a development machine). Results go to $OUT (default gpu-out/).
 #   scripts/gpu.sh [STAGE...]    stages, run in the order given: build test kbench e2e lora data service
-#                                profile ckpt ab fp8 default (none given: build test kbench e2e lora service profile)
+#                                profile ckpt pack ab fp8 default (none given: build test kbench e2e lora service profile)
 #   ckpt: the 8B checkpoint's write and load GB/s and the cancel-to-exit latency, during a step and
 #       during a checkpoint write (bench/ckpt_bench.py; its ~48 GB checkpoint goes under CKPT_ROOT,
 #       default /tmp, never under $OUT).
 #   fp8: ftd's fp8 set against its bf16 fused set and HF + torchao float8 at 4x2048, 8x2048, 2x8192
 #       (bench/train_bench.py; FP8_ARGS: more flags).
+#   pack: two 8B LoRA jobs sharing GPU 0 through ftd (--jobs-per-gpu 2) against one alone (PACK_ARGS:
+#       bench/pack_bench.py flags).
 #   ab: this tree's ftd-worker against another version's, the 8B fused step in one invocation
 #       (BASE_SRC: that version's source tree, e.g. `git archive REV | tar x -C base-src`;
 #       AB_ARGS: bench/train_bench.py flags, default --shapes 4x2048 --repeat 3).
@@ -92,6 +94,9 @@ for stage in "${stages[@]}"; do
       stamp "8B checkpoint write/load and cancel latency"
       python3 bench/ckpt_bench.py --worker "$build/worker/ftd-worker" --out "$out/ckpt" --ckpt-root "${CKPT_ROOT:-/tmp}" \
         ${CKPT_ARGS:-} 2>&1 | tee "$out/ckpt_bench.log" | grep -v "^{" || rc=1 ;;
+    pack)
+      stamp "two 8B LoRA jobs on one GPU through ftd, against one alone"
+      python3 bench/pack_bench.py --build "$build" --out "$out" ${PACK_ARGS:-} 2>&1 | tee "$out/pack_bench.log" ;;
     ab)
       stamp "this build against ${BASE_SRC:-base-src}"
       base_build=$root/build-base
@@ -138,7 +143,7 @@ for stage in "${stages[@]}"; do
     default)
       "$build/worker/ftd-worker" run --default --format text --set steps=${DEFAULT_STEPS:-10} 2>&1 \
         | tee "$out/default-job.log" | tail -4 ;;
-    *) echo "gpu.sh: unknown stage $stage (build test kbench e2e lora data service profile ckpt ab fp8 default)"; exit 2 ;;
+    *) echo "gpu.sh: unknown stage $stage (build test kbench e2e lora data service profile ckpt pack ab fp8 default)"; exit 2 ;;
   esac
 done
 stamp "done (rc $rc)"

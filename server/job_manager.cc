@@ -15,6 +15,7 @@
 #include "server/request_match.h"
 #include "server/scheduling_policy.h"
 #include "spec/input_files.h"
+#include "spec/peak_memory.h"
 #include "spec/message_check.h"
 #include "spec/spec.h"
 
@@ -40,9 +41,15 @@ JobManager::JobManager(ManagerConfig cfg, Store* store, Metrics* metrics, Worker
                        const Clock* clock)
     : cfg_(std::move(cfg)), store_(store), metrics_(metrics), launcher_(launcher), clock_(clock), paused_(cfg_.paused) {
   if (cfg_.gpus > 0) {
-    for (int i = 0; i < cfg_.gpus; ++i) slots_.push_back(absl::StrCat("gpu:", i));
+    for (int i = 0; i < cfg_.gpus; ++i) {
+      for (int k = 0; k < std::max(cfg_.jobs_per_gpu, 1); ++k) {
+        slots_.push_back(cfg_.jobs_per_gpu > 1 ? absl::StrCat("gpu:", i, "/", k) : absl::StrCat("gpu:", i));
+        slot_gpu_.push_back(i);
+      }
+    }
   } else {
     slots_.push_back("cpu");
+    slot_gpu_.push_back(-1);
   }
   launcher_->SetExitHandler(
       [this](const std::string& job_id, int attempt, ExitStatus st) { OnWorkerExit(job_id, attempt, st); });
@@ -69,10 +76,22 @@ absl::Status JobManager::Recover() {
     if (!n.ok()) return n.status();
     counts_[s] = *n;
   }
+  // Usage that still counts: in the quota window, or not yet decayed to nothing.
+  const int64_t now_ms = clock_->UnixMs();
+  const int64_t horizon = std::max(cfg_.quotas.window_ms, 10 * cfg_.quotas.half_life_ms);
+  auto used = store_->UsageSince(now_ms - horizon);
+  if (!used.ok()) return used.status();
+  for (const UsageRecord& r : *used) usage_.Add(r.owner, {r.gpus, r.start_ms, r.end_ms});
   auto running = store_->JobsInStates({ftd::v1::RUNNING});
   if (!running.ok()) return running.status();
   for (const Job& j : *running) {
     launcher_->KillOrphan(j.worker_pid(), j.id());
+    // Its attempt counts until the last sign of life the store has of it.
+    if (auto last = store_->LastEventMs(j.id()); last.ok() && j.started_unix_ms() > 0) {
+      const UsageRecord r{j.owner(), j.id(), j.attempt(), 1.0, j.started_unix_ms(),
+                          std::max(*last, j.started_unix_ms())};
+      if (r.end_ms > r.start_ms && store_->AddUsage(r).ok()) usage_.Add(r.owner, {r.gpus, r.start_ms, r.end_ms});
+    }
     if (auto st = RecoverRunningLocked(j); !st.ok()) {
       // A full disk must not keep ftd from starting: reads work, and the restart policy is applied
       // by Tick() once the store takes the write. Until then the job reads RUNNING with no worker.
@@ -200,9 +219,19 @@ std::optional<std::chrono::milliseconds> JobManager::Tick() {
     }
     if (!paused_ && !draining_) {
       const int64_t now = clock_->UnixMs();
-      const SchedulingPlan plan = Schedule({&queue_, FreeSlotsLocked(), now});
+      const auto owners = OwnersLocked(now);
+      SchedulingInput in{&queue_, RoomsLocked(), now, cfg_.gpu_margin_bytes, &owners};
+      const SchedulingPlan plan = Schedule(in);
+      {
+        std::lock_guard<std::mutex> view(view_mu_);
+        waits_for_memory_ = plan.waits_for_memory;
+      }
+      // An owner held by the GPU-hours quota is looked at again in a minute: usage leaves the window.
+      for (const auto& [name, o] : owners) {
+        if (!o.held.empty()) wake_in(60'000);
+      }
       for (const Placement& p : plan.starts) {
-        auto req = StartLocked(p.job_id, p.slot);
+        auto req = StartLocked(p);
         if (req.ok()) {
           launches.push_back(*std::move(req));
         } else {
@@ -289,12 +318,68 @@ std::string JobManager::JobDir(const std::string& id) const {
   return (fs::path(cfg_.data_dir) / "jobs" / id).string();
 }
 
-std::vector<std::string> JobManager::FreeSlotsLocked() const {
-  std::vector<std::string> free;
-  for (const auto& s : slots_) {
-    if (slot_owner_.count(s) == 0) free.push_back(s);
+std::vector<GpuRoom> JobManager::RoomsLocked() const {
+  std::vector<GpuRoom> rooms;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (rooms.empty() || rooms.back().gpu != slot_gpu_[i]) {
+      rooms.push_back({});
+      rooms.back().gpu = slot_gpu_[i];
+      rooms.back().capacity_bytes = slot_gpu_[i] >= 0 ? cfg_.memory.gpu_bytes : 0;
+    }
+    GpuRoom& r = rooms.back();
+    auto it = slot_use_.find(slots_[i]);
+    if (it == slot_use_.end()) {
+      r.free_slots.push_back(slots_[i]);
+      continue;
+    }
+    ++r.jobs;
+    if (it->second.gpu_bytes < 0) {
+      r.exclusive = true;
+    } else {
+      r.used_bytes += it->second.gpu_bytes;
+    }
   }
-  return free;
+  return rooms;
+}
+
+std::map<std::string, OwnerState> JobManager::OwnersLocked(int64_t now_ms) const {
+  std::map<std::string, OwnerState> owners;
+  const QuotaConfig& q = cfg_.quotas;
+  queue_.ForEach([&](const QueuedJob& j) {
+    owners.try_emplace(j.owner);
+    return true;
+  });
+  for (const auto& [slot, use] : slot_use_) {
+    if (auto it = owners.find(use.owner); it != owners.end()) ++it->second.running;
+  }
+  for (auto& [name, o] : owners) {
+    if (q.half_life_ms > 0) o.usage = usage_.Decayed(name, now_ms, q.half_life_ms);
+    const UserLimits& l = q.For(name);
+    o.max_running = static_cast<int>(l.max_running);
+    if (l.gpu_hours > 0) {
+      const double used = usage_.GpuHours(name, now_ms - q.window_ms, now_ms);
+      if (used >= l.gpu_hours) {
+        o.held = absl::StrFormat("user %s has used %.1f GPU-hours in the last %s, the limit for the user "
+                                 "(gpu-hours=%g): the user's jobs start once older use leaves the window",
+                                 name, used, HoursText(q.window_ms), l.gpu_hours);
+      }
+    }
+  }
+  return owners;
+}
+
+void JobManager::PublishGpusLocked() {
+  if (cfg_.gpus <= 0) return;
+  std::map<int, std::pair<int, int64_t>> gpus;  // gpu -> (jobs, predicted bytes)
+  for (int g = 0; g < cfg_.gpus; ++g) gpus[g] = {0, 0};
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    auto it = slot_use_.find(slots_[i]);
+    if (it == slot_use_.end() || slot_gpu_[i] < 0) continue;
+    auto& [jobs, bytes] = gpus[slot_gpu_[i]];
+    ++jobs;
+    bytes += std::max<int64_t>(it->second.gpu_bytes, 0);
+  }
+  for (const auto& [g, v] : gpus) metrics_->GpuShare(g, v.first, v.second);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -333,13 +418,28 @@ absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::SubmitWith(
   if (!config.ok()) return config.status();
   if (auto st = ftd::spec::CheckInputFiles(*config); !st.ok()) return st;
   const bool gpu = cfg_.gpus > 0 && config->device != "cpu";
+  int64_t predicted = 0;
   if (auto model = ModelShape(*config, gpu); model.has_value()) {
     if (auto st = CheckMemoryFit(*model, *config, gpu, cfg_.memory); !st.ok()) return st;
+    predicted = static_cast<int64_t>(ftd::spec::PredictPeakMemory(*model, *config, gpu).Peak());
+  }
+  const std::string owner = req.owner().empty() ? "unknown" : req.owner();
+  const UserLimits& limits = cfg_.quotas.For(owner);
+  if (limits.gpu_hours > 0) {
+    std::lock_guard<std::mutex> l(mu_);
+    const int64_t now = clock_->UnixMs();
+    const double used = usage_.GpuHours(owner, now - cfg_.quotas.window_ms, now);
+    if (used >= limits.gpu_hours) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "user %s has used %.1f GPU-hours in the last %s, the limit for the user (gpu-hours=%g); submit again "
+          "once older use has left the window, or ask an admin to raise the limit",
+          owner, used, HoursText(cfg_.quotas.window_ms), limits.gpu_hours));
+    }
   }
   Job job;
   job.set_name(req.name());
   job.set_kind(req.kind() == ftd::v1::JOB_KIND_UNSPECIFIED ? ftd::v1::FINETUNE : req.kind());
-  job.set_owner(req.owner().empty() ? "unknown" : req.owner());
+  job.set_owner(owner);
   job.set_submitted_by(submitted_by);
   job.set_priority(req.priority());
   job.set_state(ftd::v1::QUEUED);
@@ -347,11 +447,19 @@ absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::SubmitWith(
   job.set_max_attempts(req.has_max_attempts() ? req.max_attempts() : cfg_.default_max_attempts);
   job.set_request_id(req.request_id());
   *job.mutable_spec() = req.spec();
+  job.set_predicted_peak_bytes(predicted);
   ftd::v1::SubmitJobResponse resp;
+  if (req.validate_only()) {
+    std::lock_guard<std::mutex> l(mu_);
+    resp.set_predicted_peak_bytes(predicted);
+    resp.set_placement(PlacementLocked(job));
+    *resp.mutable_job() = std::move(job);
+    return resp;
+  }
   {
     std::lock_guard<std::mutex> l(mu_);
-    // The queue limit is checked in the insert's transaction.
-    auto inserted = store_->Insert(job, clock_->UnixMs(), cfg_.max_queued);
+    // The queue limits are checked in the insert's transaction.
+    auto inserted = store_->Insert(job, clock_->UnixMs(), cfg_.max_queued, limits.max_queued);
     if (!inserted.ok()) {
       const auto& st = inserted.status();
       if (absl::StrContains(st.message(), "the disk is full") || absl::IsInternal(st) || absl::IsDataLoss(st)) {
@@ -391,8 +499,9 @@ absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::SubmitWith(
     }
     *resp.mutable_job() = inserted->first;
     resp.set_created(inserted->second);
+    resp.set_predicted_peak_bytes(resp.job().predicted_peak_bytes());
     std::lock_guard<std::mutex> view(view_mu_);
-    AnnotateLocked(resp.mutable_job());
+    AnnotateLocked(resp.mutable_job(), resp.job().state() == ftd::v1::QUEUED ? QueueViewLocked() : QueueView{});
   }
   if (resp.created()) Kick();
   return resp;
@@ -400,29 +509,101 @@ absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::SubmitWith(
 
 // Fills in what only the running daemon knows: the queue position and why a queued job waits.
 // Needs view_mu_ only: a read does not wait for a commit another call holds mu_ across.
-void JobManager::AnnotateLocked(Job* job) const {
+JobManager::QueueView JobManager::QueueViewLocked() const {
+  QueueView v;
+  if (queue_.size() == 0) return v;
+  v.owners = OwnersLocked(clock_->UnixMs());
+  v.spots = QueueSpots(queue_, &v.owners);
+  return v;
+}
+
+namespace {
+
+std::string GiB(int64_t b) { return absl::StrFormat("%.1f GiB", static_cast<double>(b) / (int64_t{1} << 30)); }
+
+}  // namespace
+
+void JobManager::AnnotateLocked(Job* job, const QueueView& view) const {
   job->set_queue_position(0);
   if (job->state() != ftd::v1::QUEUED) return;
-  const int64_t pos = queue_.Position(job->id());
-  job->set_queue_position(pos);
+  auto spot_it = view.spots.find(job->id());
+  const QueueSpot spot = spot_it != view.spots.end() ? spot_it->second : QueueSpot{queue_.Position(job->id()), 0, 0};
+  job->set_queue_position(spot.position);
   const int64_t now = clock_->UnixMs();
   if (job->not_before_unix_ms() > now) {
     job->set_message(absl::StrCat(job->message(), absl::StrFormat(" (retry in %.1fs)",
                                                                   (job->not_before_unix_ms() - now) / 1000.0)));
     return;
   }
-  const bool paused = paused_;
-  job->set_reason(paused ? "PAUSED" : "WAITING_FOR_SLOT");
-  job->set_message(absl::StrCat(paused ? "the scheduler is paused (ftctl resume starts it): no job starts; " : "",
-                                std::max<int64_t>(pos - 1, 0), " job(s) ahead in the queue; ", slot_owner_.size(),
-                                " of ", slots_.size(), " slot(s) busy"));
+  const QuotaConfig& q = cfg_.quotas;
+  auto owner_it = view.owners.find(job->owner());
+  const OwnerState owner = owner_it != view.owners.end() ? owner_it->second : OwnerState{};
+  std::string reason = "WAITING_FOR_SLOT", why;
+  if (paused_) {
+    reason = "PAUSED";
+    why = "the scheduler is paused (ftctl resume starts it): no job starts; ";
+  } else if (!owner.held.empty()) {
+    reason = "QUOTA";
+    why = owner.held + "; ";
+  } else if (owner.max_running > 0 && owner.running >= owner.max_running) {
+    reason = "QUOTA";
+    why = absl::StrCat("user ", job->owner(), " runs ", owner.running, " job(s), the limit for the user (running=",
+                       owner.max_running, "); ");
+  } else if (waits_for_memory_ == job->id()) {
+    reason = "WAITING_FOR_MEMORY";
+    int64_t most = 0;
+    for (const GpuRoom& r : RoomsLocked()) {
+      if (!r.free_slots.empty() && !r.exclusive) {
+        most = std::max(most, r.jobs == 0 ? r.capacity_bytes : r.capacity_bytes - r.used_bytes - cfg_.gpu_margin_bytes);
+      }
+    }
+    why = absl::StrCat("it fits on no GPU now: predicted peak ",
+                       job->predicted_peak_bytes() > 0 ? GiB(job->predicted_peak_bytes()) : "unknown (a GPU of its own)",
+                       ", the most free on a GPU with a free slot ", GiB(std::max<int64_t>(most, 0)), " (less a margin of ",
+                       GiB(cfg_.gpu_margin_bytes), " when shared); ");
+  }
+  std::string ahead = absl::StrCat(std::max<int64_t>(spot.position - 1, 0), " job(s) ahead in the queue");
+  if (q.half_life_ms > 0 && spot.position > 1) {
+    absl::StrAppend(&ahead, " (", spot.ahead_higher_priority, " of higher priority, ", spot.ahead_lower_usage,
+                    " of users with lower recent GPU usage)");
+  }
+  std::string usage;
+  if (q.half_life_ms > 0 || q.For(job->owner()).gpu_hours > 0) {
+    usage = absl::StrFormat("; user %s has %.1f GPU-hours in the last %s", job->owner(),
+                            usage_.GpuHours(job->owner(), now - q.window_ms, now), HoursText(q.window_ms));
+    if (q.half_life_ms > 0) {
+      absl::StrAppendFormat(&usage, " (fair-share usage %.2f, half-life %s)", owner.usage, HoursText(q.half_life_ms));
+    }
+  }
+  job->set_reason(reason);
+  job->set_message(absl::StrCat(why, ahead, usage, "; ", slot_use_.size(), " of ", slots_.size(), " slot(s) busy"));
+}
+
+std::string JobManager::PlacementLocked(const Job& job) const {
+  QueuedJob probe;
+  probe.owner = job.owner();
+  probe.gpu_bytes = job.spec().device() == "cpu" ? 0 : job.predicted_peak_bytes() > 0 ? job.predicted_peak_bytes() : -1;
+  const std::vector<GpuRoom> rooms = RoomsLocked();
+  const int b = BestRoom(rooms, probe.gpu_bytes, cfg_.gpu_margin_bytes);
+  const GpuRoom* best = b < 0 ? nullptr : &rooms[b];
+  const std::string queued = queue_.size() > 0 ? absl::StrCat(" once the ", queue_.size(), " queued job(s) ahead of it have had their turn") : "";
+  if (best == nullptr) {
+    return absl::StrCat("no slot fits it now: it would wait for a slot", probe.gpu_bytes > 0 ? " with enough GPU memory" : "",
+                        queued.empty() ? "" : ", and" + queued);
+  }
+  std::string where = best->gpu < 0 ? std::string("the CPU slot") : absl::StrCat("GPU ", best->gpu);
+  if (best->gpu >= 0 && best->capacity_bytes > 0) {
+    absl::StrAppend(&where, " (", best->jobs, " job(s) on it, predicted ", GiB(best->used_bytes + std::max<int64_t>(probe.gpu_bytes, 0)),
+                    " of ", GiB(best->capacity_bytes), " in use with this one)");
+  }
+  return absl::StrCat("it would start on ", where, queued.empty() ? " now" : queued);
 }
 
 absl::StatusOr<Job> JobManager::Get(const std::string& id) {
   auto job = store_->Get(id);
   if (!job.ok()) return job.status();
   std::lock_guard<std::mutex> view(view_mu_);
-  AnnotateLocked(&*job);
+  AnnotateLocked(&*job, job->state() == ftd::v1::QUEUED ? QueueViewLocked() : QueueView{});
   return job;
 }
 
@@ -450,8 +631,11 @@ absl::StatusOr<ftd::v1::ListJobsResponse> JobManager::List(const ftd::v1::ListJo
   if (!jobs.ok()) return jobs.status();
   ftd::v1::ListJobsResponse resp;
   std::lock_guard<std::mutex> view(view_mu_);
+  const bool any_queued =
+      std::any_of(jobs->begin(), jobs->end(), [](const Job& j) { return j.state() == ftd::v1::QUEUED; });
+  const QueueView qv = any_queued ? QueueViewLocked() : QueueView{};
   for (auto& j : *jobs) {
-    AnnotateLocked(&j);
+    AnnotateLocked(&j, qv);
     *resp.add_jobs() = std::move(j);
   }
   if (next > 0) resp.set_next_page_token(absl::StrCat(next));
@@ -707,7 +891,7 @@ ftd::v1::SchedulerState JobManager::Scheduler() const {
   st.set_paused(paused_);
   std::lock_guard<std::mutex> view(view_mu_);
   st.set_slots(static_cast<int32_t>(slots_.size()));
-  st.set_busy(static_cast<int32_t>(slot_owner_.size()));
+  st.set_busy(static_cast<int32_t>(slot_use_.size()));
   st.set_queued(static_cast<int64_t>(queue_.size()));
   return st;
 }
@@ -774,7 +958,9 @@ absl::StatusOr<std::string> JobManager::TracePath(const std::string& id) {
 // ---------------------------------------------------------------------------------------------
 // Attempts: start, worker messages, exit
 
-absl::StatusOr<LaunchRequest> JobManager::StartLocked(const std::string& job_id, const std::string& slot) {
+absl::StatusOr<LaunchRequest> JobManager::StartLocked(const Placement& p) {
+  const std::string& job_id = p.job_id;
+  const std::string& slot = p.slot;
   const int64_t now = clock_->UnixMs();
   auto job = TransitionLocked(job_id, [&](Job& job) {
     if (job.state() != ftd::v1::QUEUED) return absl::FailedPreconditionError("no longer queued");
@@ -788,16 +974,30 @@ absl::StatusOr<LaunchRequest> JobManager::StartLocked(const std::string& job_id,
     return absl::OkStatus();
   });
   if (!job.ok()) return job.status();
+  // The GPUs it counts for: a whole one, or its predicted share of one it may share.
+  const QueuedJob* queued = queue_.Find(job_id);
+  const int64_t gpu_bytes = queued != nullptr ? queued->gpu_bytes : -1;
+  double gpus = 1;
+  if (cfg_.jobs_per_gpu > 1 && gpu_bytes >= 0) {
+    gpus = gpu_bytes > 0 && cfg_.memory.gpu_bytes > 0
+               ? std::min(1.0, static_cast<double>(gpu_bytes) / static_cast<double>(cfg_.memory.gpu_bytes))
+               : 1.0 / cfg_.jobs_per_gpu;
+  }
   {
     std::lock_guard<std::mutex> view(view_mu_);
     queue_.Remove(job_id);
-    slot_owner_[slot] = job_id;
+    slot_use_[slot] = {job_id, job->owner(), gpu_bytes};
+    usage_.Open(job_id, job->owner(), gpus, now);
   }
+  PublishGpusLocked();
   metrics_->QueueWait((now - std::max(job->created_unix_ms(), job->not_before_unix_ms())) / 1000.0);
   Attempt a;
   a.job_id = job_id;
   a.token = RandomToken();
   a.slot = slot;
+  a.owner = job->owner();
+  a.gpu = p.gpu;
+  a.gpus = gpus;
   a.kernel_set = ftd::spec::KernelSetOf(job->spec());
   a.attempt = job->attempt();
   a.totals.step = job->last_step().step();
@@ -805,7 +1005,7 @@ absl::StatusOr<LaunchRequest> JobManager::StartLocked(const std::string& job_id,
   a.started_ms = now;
   a.last_seen_ms = clock_->SteadyMs();
   running_[job_id] = a;
-  return LaunchRequest{job_id, a.attempt, a.token, slot};
+  return LaunchRequest{job_id, a.attempt, a.token, slot, p.gpu};
 }
 
 void JobManager::Launched(const LaunchRequest& req, const absl::StatusOr<int64_t>& pid) {
@@ -962,6 +1162,7 @@ bool JobManager::FinishLocked(Attempt& a, const WorkerEnd& end) {
   const Verdict v = Classify(end, a.attempt, cfg_.heartbeat_timeout_ms / 1000.0);
   const ReasonInfo& info = Info(v.reason);
   const int64_t now = clock_->UnixMs();
+  if (a.ended_ms == 0) a.ended_ms = now;
   bool retried = false;
   auto job = TransitionLocked(a.job_id, [&](Job& job) {
     job.set_worker_pid(0);
@@ -1014,11 +1215,23 @@ bool JobManager::FinishLocked(Attempt& a, const WorkerEnd& end) {
     metrics_->UnrecordedOutcomes(--unrecorded_);
   }
   if (retried) metrics_->Retry(info.code);
-  std::lock_guard<std::mutex> view(view_mu_);
-  if (job->state() == ftd::v1::QUEUED) queue_.Put(*job);
-  if (IsTerminal(job->state())) metrics_->JobFinished(job->state(), info.code, (now - a.started_ms) / 1000.0);
-  metrics_->SlotIdle(a.slot);
-  slot_owner_.erase(a.slot);
+  UsageInterval used;
+  {
+    std::lock_guard<std::mutex> view(view_mu_);
+    if (job->state() == ftd::v1::QUEUED) queue_.Put(*job);
+    if (IsTerminal(job->state())) metrics_->JobFinished(job->state(), info.code, (now - a.started_ms) / 1000.0);
+    metrics_->SlotIdle(a.slot);
+    slot_use_.erase(a.slot);
+    used = usage_.Close(a.job_id, a.ended_ms);
+  }
+  // The usage record is history for quotas and fair share; a failed write costs that history only.
+  if (used.gpus > 0) {
+    if (auto st = store_->AddUsage({a.owner, a.job_id, a.attempt, used.gpus, used.start_ms, used.end_ms}); !st.ok()) {
+      metrics_->StoreWriteFailed("usage");
+      std::cerr << "ftd: cannot record the GPU usage of job " << a.job_id << ": " << st << std::endl;
+    }
+  }
+  PublishGpusLocked();
   running_.erase(a.job_id);  // `a` is gone from here on
   exits_cv_.notify_all();
   return true;

@@ -35,7 +35,10 @@
 #include "server/job_queue.h"
 #include "server/memory_fit.h"
 #include "server/metrics.h"
+#include "server/quotas.h"
+#include "server/scheduling_policy.h"
 #include "server/store.h"
+#include "server/usage_ledger.h"
 #include "server/worker_launcher.h"
 #include "spec/sandbox.h"
 
@@ -43,8 +46,13 @@ namespace ftd::server {
 
 struct ManagerConfig {
   std::string data_dir;                 // jobs/<id>/{checkpoints,trace.json}
-  int gpus = 0;                         // GPU slots; 0: one CPU slot
+  int gpus = 0;                         // GPUs; 0: one CPU slot
   int gpu_compute_capability = 0;       // major * 10 + minor of the least capable GPU; 0: unknown
+  // Jobs one GPU may hold at once (slots "gpu:N/k"; 1: slots "gpu:N"), packed while their predicted
+  // peaks fit the GPU's memory (memory.gpu_bytes) less gpu_margin_bytes.
+  int jobs_per_gpu = 1;
+  int64_t gpu_margin_bytes = int64_t{2} << 30;
+  QuotaConfig quotas;                   // per-user limits and fair share (quotas.h)
   int max_queued = 1000;                // RESOURCE_EXHAUSTED beyond
   int default_max_attempts = 3;
   int grace_ms = 10000;                 // SIGTERM -> SIGKILL on cancel
@@ -160,10 +168,23 @@ class JobManager {
 
   int slots() const { return static_cast<int>(slots_.size()); }
 
+  // A user's usage and limits as the scheduler sees them now (ftctl admin usage).
+  struct UserUsage {
+    std::string user;
+    double window_gpu_hours = 0;   // in the last quotas.window_ms
+    double decayed_gpu_hours = 0;  // fair share's weight
+    int64_t queued = 0, running = 0;
+    UserLimits limits;
+  };
+  std::vector<UserUsage> Usage(const std::string& user = "");
+
  private:
   // A started attempt, from the moment its slot is taken until its outcome is recorded.
   struct Attempt {
-    std::string job_id, token, slot;
+    std::string job_id, token, slot, owner;
+    int gpu = -1;                 // CUDA index; -1: the CPU
+    double gpus = 1;              // GPUs it counts for in usage (a share when it shares one)
+    int64_t ended_ms = 0;         // unix ms its end was first seen (0: running)
     ftd::spec::KernelSet kernel_set = ftd::spec::KernelSet::kEager;
     int attempt = 0;
     int64_t pid = 0;              // 0 while the launcher is starting it
@@ -192,7 +213,7 @@ class JobManager {
   void AppendToLog(const std::string& id, const std::string& line) const;
   absl::StatusOr<ftd::v1::Job> TransitionLocked(const std::string& id,
                                                 const std::function<absl::Status(ftd::v1::Job&)>& change);
-  absl::StatusOr<LaunchRequest> StartLocked(const std::string& job_id, const std::string& slot);
+  absl::StatusOr<LaunchRequest> StartLocked(const Placement& p);
   void Launched(const LaunchRequest& req, const absl::StatusOr<int64_t>& pid);
   void LaunchedLocked(const LaunchRequest& req, const absl::StatusOr<int64_t>& pid, bool* kick);
   void OnWorkerExit(const std::string& job_id, int attempt, ExitStatus st);
@@ -204,9 +225,20 @@ class JobManager {
   // The attempt a worker's hello names, marked as heard from now; PERMISSION_DENIED if it is not
   // the one running (an old attempt, a wrong token, or one whose end is being recorded).
   absl::StatusOr<Attempt*> HeardFromLocked(const ftd::v1::WorkerHello& hello);
-  void AnnotateLocked(ftd::v1::Job* job) const;
-  std::vector<std::string> FreeSlotsLocked() const;
+  // What annotating queued jobs needs, computed once per call (O(queue log queue)).
+  struct QueueView {
+    std::map<std::string, OwnerState> owners;
+    std::unordered_map<std::string, QueueSpot> spots;
+  };
+  QueueView QueueViewLocked() const;
+  void AnnotateLocked(ftd::v1::Job* job, const QueueView& view) const;
+  std::vector<GpuRoom> RoomsLocked() const;
+  // Owners of queued jobs: their usage, running jobs and limits (the hold reason when one is spent).
+  std::map<std::string, OwnerState> OwnersLocked(int64_t now_ms) const;
   void PublishGaugesLocked();
+  void PublishGpusLocked();
+  // Where the job would run now, or why it would wait (validate_only).
+  std::string PlacementLocked(const ftd::v1::Job& job) const;
   void Kick();
   void Loop();
   std::string JobDir(const std::string& id) const;
@@ -217,6 +249,7 @@ class JobManager {
   WorkerLauncher* const launcher_;
   const Clock* const clock_;
   std::vector<std::string> slots_;
+  std::vector<int> slot_gpu_;  // each slot's GPU (-1: the CPU)
   EventHub hub_;
 
   mutable std::mutex mu_;
@@ -226,7 +259,13 @@ class JobManager {
   // either, so a read never waits behind a commit that holds mu_.
   mutable std::mutex view_mu_;
   JobQueue queue_;
-  std::map<std::string, std::string> slot_owner_;  // slot -> job id
+  struct SlotUse {
+    std::string job_id, owner;
+    int64_t gpu_bytes = -1;  // QueuedJob::gpu_bytes of the job on it
+  };
+  std::map<std::string, SlotUse> slot_use_;  // busy slots
+  UsageLedger usage_;                        // GPU time by owner (quotas, fair share)
+  std::string waits_for_memory_;             // the job the last round left waiting for GPU memory
   std::map<ftd::v1::JobState, int64_t> counts_;    // jobs in the store by state (the ftd_jobs gauge)
   bool draining_ = false;
   std::atomic<bool> paused_{false};

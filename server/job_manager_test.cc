@@ -1426,5 +1426,209 @@ TEST_F(RemovalTest, ResumeStartsANewJobFromTheNewestCheckpoint) {
   EXPECT_NE(bad.status().message().find("no_such_field"), std::string::npos) << bad.status();
 }
 
+// ---------------------------------------------------------------------------------------------
+// Several jobs per GPU, per-user limits, fair share
+
+class SharingTest : public JobManagerTest {
+ protected:
+  // A job of `owner`; on the GPU unless `cpu`.
+  absl::StatusOr<ftd::v1::SubmitJobResponse> SubmitAs(const std::string& owner, const std::string& name,
+                                                      bool cpu = true, bool validate_only = false) {
+    ftd::v1::SubmitJobRequest req;
+    req.set_name(name);
+    req.set_owner(owner);
+    req.set_validate_only(validate_only);
+    auto* spec = req.mutable_spec();
+    spec->mutable_model()->set_preset("tiny");
+    spec->set_batch_size(4);
+    spec->set_seq_len(32);
+    spec->set_device(cpu ? "cpu" : "cuda");
+    spec->set_steps(10);
+    return manager_->Submit(req);
+  }
+  std::string Id(const absl::StatusOr<ftd::v1::SubmitJobResponse>& r) {
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->job().id() : "";
+  }
+  // Ends the attempt as a success.
+  void Succeed(const LaunchRequest& l) {
+    ASSERT_TRUE(Report(l, RunResult::SUCCEEDED, "done").ok());
+    launcher_->Exit(l, Exited(0));
+  }
+  static constexpr int64_t kHour = 3600'000;
+};
+
+TEST_F(SharingTest, JobsShareAGpuWhileTheirPredictedPeaksFitAndAnOomLeavesTheNeighbourRunning) {
+  cfg_.gpus = 1;
+  cfg_.jobs_per_gpu = 3;
+  cfg_.gpu_margin_bytes = 0;
+  Make();
+  const std::string a = Id(SubmitAs("u", "a", false));
+  const int64_t peak = Get(a).predicted_peak_bytes();
+  ASSERT_GT(peak, 0);
+  // Room for two such jobs and a half: the third waits for memory.
+  cfg_.memory.gpu_bytes = peak * 5 / 2;
+  Make();
+  const std::string b = Id(SubmitAs("u", "b", false)), c = Id(SubmitAs("u", "c", false));
+  manager_->Tick();
+  ASSERT_EQ(launcher_->Launches(), 2u);
+  EXPECT_EQ(launcher_->launches[0].slot, "gpu:0/0");
+  EXPECT_EQ(launcher_->launches[1].slot, "gpu:0/1");
+  EXPECT_EQ(launcher_->launches[0].gpu, 0);
+  EXPECT_EQ(launcher_->launches[1].gpu, 0);
+  EXPECT_EQ(Get(b).slot(), "gpu:0/1");
+  const Job waiting = Get(c);
+  EXPECT_EQ(waiting.reason(), "WAITING_FOR_MEMORY") << waiting.message();
+  EXPECT_NE(waiting.message().find("fits on no GPU now"), std::string::npos) << waiting.message();
+  EXPECT_EQ(Counter("ftd_gpu_jobs", {{"gpu", "0"}}), 2);
+  EXPECT_EQ(Counter("ftd_gpu_predicted_bytes", {{"gpu", "0"}}), static_cast<double>(2 * peak));
+  // The first runs out of GPU memory: it fails as a job alone would; its neighbour runs on, and
+  // the waiting job takes the freed room.
+  const LaunchRequest first = launcher_->launches[0], second = launcher_->launches[1];
+  ASSERT_TRUE(manager_->Assign(Hello(first)).ok());
+  ASSERT_TRUE(Report(first, RunResult::OUT_OF_MEMORY, "CUDA out of memory").ok());
+  launcher_->Exit(first, Exited(3));
+  EXPECT_EQ(Get(a).state(), ftd::v1::FAILED);
+  EXPECT_EQ(Get(b).state(), ftd::v1::RUNNING);
+  EXPECT_TRUE(launcher_->kills.empty());
+  EXPECT_TRUE(launcher_->stops.empty());
+  manager_->Tick();
+  ASSERT_EQ(launcher_->Launches(), 3u);
+  EXPECT_EQ(launcher_->Last().job_id, c);
+  EXPECT_EQ(launcher_->Last().slot, "gpu:0/0");
+  (void)second;
+}
+
+TEST_F(SharingTest, OneJobPerGpuKeepsTheSlotNamesAndTheirGpus) {
+  cfg_.gpus = 2;
+  cfg_.memory.gpu_bytes = int64_t{80} << 30;
+  Make();
+  Id(SubmitAs("u", "a", false));
+  Id(SubmitAs("u", "b", false));
+  manager_->Tick();
+  ASSERT_EQ(launcher_->Launches(), 2u);
+  EXPECT_EQ(launcher_->launches[0].slot, "gpu:0");
+  EXPECT_EQ(launcher_->launches[1].slot, "gpu:1");
+  EXPECT_EQ(launcher_->launches[1].gpu, 1);
+}
+
+TEST_F(SharingTest, ValidateOnlyPredictsAndPlacesWithoutCreatingAJob) {
+  cfg_.gpus = 1;
+  cfg_.jobs_per_gpu = 2;
+  cfg_.memory.gpu_bytes = int64_t{80} << 30;
+  Make();
+  auto r = SubmitAs("u", "probe", false, /*validate_only=*/true);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->created());
+  EXPECT_TRUE(r->job().id().empty());
+  EXPECT_GT(r->predicted_peak_bytes(), 0);
+  EXPECT_EQ(r->job().predicted_peak_bytes(), r->predicted_peak_bytes());
+  EXPECT_NE(r->placement().find("it would start on GPU 0"), std::string::npos) << r->placement();
+  ftd::v1::ListJobsRequest all;
+  EXPECT_EQ(manager_->List(all)->jobs_size(), 0);
+  // What a submit would refuse, validation refuses the same way.
+  ftd::v1::SubmitJobRequest big;
+  big.set_validate_only(true);
+  big.mutable_spec()->mutable_model()->set_preset("tiny");
+  big.mutable_spec()->set_device("cuda");
+  big.mutable_spec()->set_batch_size(20000);
+  big.mutable_spec()->set_seq_len(2048);
+  auto refused = manager_->Submit(big);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_NE(refused.status().message().find("80.0 GiB"), std::string::npos) << refused.status();
+}
+
+TEST_F(SharingTest, AUserOverTheQueuedLimitIsRefusedWithTheLimitAndTheUse) {
+  cfg_.quotas.defaults.max_queued = 2;
+  Make();
+  Id(SubmitAs("alice", "1"));
+  Id(SubmitAs("alice", "2"));
+  auto third = SubmitAs("alice", "3");
+  ASSERT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted) << third.status();
+  EXPECT_NE(third.status().message().find("user alice has 2 job(s) queued"), std::string::npos) << third.status();
+  EXPECT_NE(third.status().message().find("(queued=2)"), std::string::npos) << third.status();
+  Id(SubmitAs("bob", "1"));  // others are not held to alice's count
+}
+
+TEST_F(SharingTest, AUserAtTheRunningLimitWaitsWhileOthersStart) {
+  cfg_.gpus = 3;
+  cfg_.quotas.users["alice"].max_running = 1;
+  Make();
+  const std::string a1 = Id(SubmitAs("alice", "1")), a2 = Id(SubmitAs("alice", "2")), b1 = Id(SubmitAs("bob", "1"));
+  manager_->Tick();
+  ASSERT_EQ(launcher_->Launches(), 2u);
+  EXPECT_EQ(launcher_->launches[0].job_id, a1);
+  EXPECT_EQ(launcher_->launches[1].job_id, b1);
+  const Job w = Get(a2);
+  EXPECT_EQ(w.reason(), "QUOTA");
+  EXPECT_NE(w.message().find("user alice runs 1 job(s), the limit for the user (running=1)"), std::string::npos)
+      << w.message();
+}
+
+TEST_F(SharingTest, GpuHoursOverTheWindowAreRefusedAndHeldUntilTheyLeaveItAcrossARestart) {
+  cfg_.quotas.users["alice"].gpu_hours = 1.5;
+  cfg_.quotas.window_ms = 24 * kHour;
+  Make();
+  const std::string a1 = Id(SubmitAs("alice", "1")), a2 = Id(SubmitAs("alice", "2"));
+  const LaunchRequest l = StartNext();
+  clock_.Advance(2 * kHour);
+  Succeed(l);
+  // 2 GPU-hours used of 1.5: a new submit is refused; the queued job waits.
+  auto over = SubmitAs("alice", "3");
+  ASSERT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted) << over.status();
+  EXPECT_NE(over.status().message().find("user alice has used 2.0 GPU-hours in the last 24 h"), std::string::npos)
+      << over.status();
+  EXPECT_NE(over.status().message().find("(gpu-hours=1.5)"), std::string::npos) << over.status();
+  manager_->Tick();
+  EXPECT_EQ(launcher_->Launches(), 1u);
+  EXPECT_EQ(Get(a2).reason(), "QUOTA");
+  // The usage is in the store: a restarted daemon holds her the same way.
+  Make();
+  manager_->Tick();
+  EXPECT_EQ(launcher_->Launches(), 0u);
+  EXPECT_EQ(SubmitAs("alice", "3").status().code(), absl::StatusCode::kResourceExhausted);
+  // 23 hours on, one of the two hours is still in the window: 1 < 1.5, she may start again.
+  clock_.Advance(23 * kHour);
+  manager_->Tick();
+  ASSERT_EQ(launcher_->Launches(), 1u);
+  EXPECT_EQ(launcher_->Last().job_id, a2);
+  (void)a1;
+}
+
+TEST_F(SharingTest, FairShareStartsTheUserWithLessRecentUsageFirstAndSaysWhy) {
+  Make();  // one CPU slot, fair share with the default half-life (24 h)
+  const LaunchRequest l = [&] {
+    Id(SubmitAs("alice", "earlier"));
+    return StartNext();
+  }();
+  clock_.Advance(3 * kHour);
+  Succeed(l);
+  const std::string a = Id(SubmitAs("alice", "a")), b = Id(SubmitAs("bob", "b"));
+  const Job waiting = Get(a);
+  EXPECT_EQ(waiting.queue_position(), 2);
+  EXPECT_NE(waiting.message().find("user alice has 3.0 GPU-hours in the last 24 h"), std::string::npos)
+      << waiting.message();
+  EXPECT_NE(waiting.message().find("1 of users with lower recent GPU usage"), std::string::npos) << waiting.message();
+  EXPECT_EQ(Get(b).queue_position(), 1);
+  // The order holds after a restart (the usage is in the store), and bob starts first.
+  Make();
+  manager_->Tick();
+  ASSERT_EQ(launcher_->Launches(), 1u);
+  EXPECT_EQ(launcher_->Last().job_id, b);
+}
+
+TEST_F(SharingTest, WithoutFairShareTheQueueKeepsSubmissionOrder) {
+  cfg_.quotas.half_life_ms = 0;
+  Make();
+  Id(SubmitAs("alice", "earlier"));
+  const LaunchRequest l = StartNext();
+  clock_.Advance(3 * kHour);
+  Succeed(l);
+  const std::string a = Id(SubmitAs("alice", "a"));
+  Id(SubmitAs("bob", "b"));
+  manager_->Tick();
+  EXPECT_EQ(launcher_->Last().job_id, a);
+}
+
 }  // namespace
 }  // namespace ftd::server

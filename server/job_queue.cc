@@ -17,7 +17,12 @@ bool JobQueue::Put(const ftd::v1::Job& job) {
   const auto seq = SubmissionSeq(job.id());
   if (!seq.has_value()) return false;
   Remove(job.id());
-  QueuedJob q{job.id(), job.priority(), *seq, job.not_before_unix_ms(), job.owner()};
+  QueuedJob q{job.id(), job.priority(), *seq, job.not_before_unix_ms(), job.owner(), -1};
+  if (job.spec().device() == "cpu") {
+    q.gpu_bytes = 0;
+  } else if (job.predicted_peak_bytes() > 0) {
+    q.gpu_bytes = job.predicted_peak_bytes();
+  }
   order_.insert(KeyOf(q));
   seq_of_[q.id] = q.seq;
   by_seq_.emplace(q.seq, std::move(q));

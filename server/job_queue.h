@@ -22,6 +22,8 @@ struct QueuedJob {
   int64_t seq = 0;            // submission order (the number in the job id)
   int64_t not_before_ms = 0;  // a retry waits for its backoff until then (unix ms)
   std::string owner;
+  // Predicted GPU memory (Job.predicted_peak_bytes): 0 for a job on the CPU, -1 when unknown.
+  int64_t gpu_bytes = -1;
 };
 
 // The submission sequence encoded in a job id ("j-000042" -> 42; ids are "j-" and the store's

@@ -196,6 +196,28 @@ int main(int argc, char** argv) {
   auto* revoke = token->add_subcommand("revoke", "Revoke a token by its id (ftd token list)");
   revoke->add_option("id", tc.id, "token id")->required();
   for (CLI::App* sub : {token, create, list, revoke}) sub->fallthrough();  // --data-dir after the verb
+  int jobs_per_gpu = 1;
+  double gpu_memory_gib = 0, gpu_margin_gib = 2;
+  app.add_option("--jobs-per-gpu", jobs_per_gpu,
+                 "jobs one GPU may run at once, packed while their predicted peak memory fits the GPU")
+      ->check(CLI::Range(1, 64))->capture_default_str();
+  app.add_option("--gpu-memory-gib", gpu_memory_gib,
+                 "memory of each GPU for packing and the bound at submit (0: the smallest GPU's, as CUDA reports it)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--gpu-margin-gib", gpu_margin_gib, "memory kept free on a GPU that runs more than one job")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  std::string default_limits = "none", quota_window = "24h", half_life = "24h";
+  std::vector<std::string> user_limits;
+  app.add_option("--user-limits", default_limits,
+                 "every user's limits: queued=N,running=N,gpu-hours=X (any of them), or none")
+      ->capture_default_str();
+  app.add_option("--user-limit", user_limits, "one user's limits instead: USER:queued=N,running=N,gpu-hours=X (repeatable)");
+  app.add_option("--quota-window", quota_window, "the rolling window of the gpu-hours limit: 24h, 7d")
+      ->capture_default_str();
+  app.add_option("--fair-share-half-life", half_life,
+                 "fair share: among equal priorities the user with the least GPU usage decayed by this half-life "
+                 "goes first (0: submission order)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (token->parsed()) {
     tc.verb = create->parsed() ? ftd::server::TokenCommand::Verb::kCreate
@@ -224,6 +246,32 @@ int main(int argc, char** argv) {
       return 1;
     }
     return 0;
+  }
+  ftd::server::QuotaConfig quotas;
+  {
+    auto fail = [](const std::string& flag, const absl::Status& st) {
+      std::cerr << "ftd: " << flag << ": " << st.message() << "\n";
+      return 2;
+    };
+    auto d = ftd::server::ParseUserLimits(default_limits);
+    if (!d.ok()) return fail("--user-limits", d.status());
+    quotas.defaults = *d;
+    for (const auto& u : user_limits) {
+      auto l = ftd::server::ParseUserLimit(u);
+      if (!l.ok()) return fail("--user-limit", l.status());
+      quotas.users[l->first] = l->second;
+    }
+    auto w = ftd::spec::ParseAge(quota_window);
+    if (!w.ok()) return fail("--quota-window", w.status());
+    if (*w <= 0) return fail("--quota-window", absl::InvalidArgumentError("must be longer than 0 (e.g. 24h)"));
+    quotas.window_ms = *w;
+    if (half_life != "0") {
+      auto h = ftd::spec::ParseAge(half_life);
+      if (!h.ok()) return fail("--fair-share-half-life", h.status());
+      quotas.half_life_ms = *h;
+    } else {
+      quotas.half_life_ms = 0;
+    }
   }
   int64_t retention_ms = 0;
   if (!retention.empty()) {
@@ -313,8 +361,12 @@ int main(int argc, char** argv) {
   mc.progress_timeout_ms = static_cast<int64_t>(progress_s * 1000);
   mc.requeue_on_restart = restart_policy == "requeue";
   mc.paused = paused;
-  mc.memory = {cgroups != nullptr ? std::min(ram, worker_limit) : ram, GpuMemoryBytes(mc.gpus)};
   mc.gpu_compute_capability = GpuComputeCapability(mc.gpus);
+  mc.memory = {cgroups != nullptr ? std::min(ram, worker_limit) : ram,
+               gpu_memory_gib > 0 ? static_cast<int64_t>(gpu_memory_gib * (int64_t{1} << 30)) : GpuMemoryBytes(mc.gpus)};
+  mc.jobs_per_gpu = jobs_per_gpu;
+  mc.gpu_margin_bytes = static_cast<int64_t>(gpu_margin_gib * (int64_t{1} << 30));
+  mc.quotas = quotas;
   mc.retention_ms = retention_ms;
   mc.sandbox = sandbox;
   mc.retention_check_ms = std::clamp<int64_t>(retention_ms / 10, 1000, 3600'000);

@@ -60,7 +60,9 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
   profile_step_seconds_ = &BuildGauge().Name("ftd_profile_step_device_seconds").Help("Device time per training step, from the last PROFILE job of the kernel set").Register(r);
   store_write_failures_ = &BuildCounter().Name("ftd_store_write_failures_total").Help("Writes the job store refused (full disk, I/O error), by what was written").Register(r);
   unrecorded_ = &BuildGauge().Name("ftd_unrecorded_outcomes").Help("Ended attempts whose outcome ftd keeps in memory until the store takes it").Register(r);
-  for (const char* w : {"submit", "state", "event"}) store_write_failures_->Add({{"write", w}});
+  gpu_jobs_ = &BuildGauge().Name("ftd_gpu_jobs").Help("Jobs running on the GPU (more than one: they share it)").Register(r);
+  gpu_predicted_ = &BuildGauge().Name("ftd_gpu_predicted_bytes").Help("Sum of the predicted peak memory of the jobs running on the GPU").Register(r);
+  for (const char* w : {"submit", "state", "event", "usage"}) store_write_failures_->Add({{"write", w}});
   unrecorded_->Add({}).Set(0);
   // Every series of the closed label sets exists from the start at 0, so rate() and increase() see
   // a job's first failure (a series born at 1 has no increase to see).
@@ -141,6 +143,12 @@ void Metrics::Step(const std::string& slot, ftd::spec::KernelSet kernel_set, con
 
 void Metrics::StoreWriteFailed(std::string_view write) {
   store_write_failures_->Add({{"write", std::string(write)}}).Increment();
+}
+
+void Metrics::GpuShare(int gpu, int jobs, int64_t predicted_bytes) {
+  const std::map<std::string, std::string> l = {{"gpu", std::to_string(gpu)}};
+  gpu_jobs_->Add(l).Set(jobs);
+  gpu_predicted_->Add(l).Set(static_cast<double>(predicted_bytes));
 }
 
 void Metrics::UnrecordedOutcomes(int64_t n) { unrecorded_->Add({}).Set(static_cast<double>(n)); }

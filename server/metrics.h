@@ -53,6 +53,8 @@ class Metrics {
   // A write the store refused (full disk, I/O error): `write` is "submit", "state" (a job's state
   // change, kept in memory and retried) or "event" (a step report or log line, dropped).
   void StoreWriteFailed(std::string_view write);
+  // The jobs running on GPU `gpu` and the sum of their predicted peaks (label: the GPU index).
+  void GpuShare(int gpu, int jobs, int64_t predicted_bytes);
   // Ended attempts whose outcome ftd keeps in memory because the store refused it.
   void UnrecordedOutcomes(int64_t n);
 
@@ -81,6 +83,8 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>* profile_step_seconds_;
   prometheus::Family<prometheus::Counter>* store_write_failures_;
   prometheus::Family<prometheus::Gauge>* unrecorded_;
+  prometheus::Family<prometheus::Gauge>* gpu_jobs_;
+  prometheus::Family<prometheus::Gauge>* gpu_predicted_;
 };
 
 const char* StateLabel(ftd::v1::JobState s);

@@ -20,6 +20,10 @@ class Stmt {
     sqlite3_bind_int64(s_, i, v);
     return *this;
   }
+  Stmt& BindDouble(int i, double v) {
+    sqlite3_bind_double(s_, i, v);
+    return *this;
+  }
   Stmt& Bind(int i, const std::string& v) {
     sqlite3_bind_text(s_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
     return *this;
@@ -35,6 +39,7 @@ class Stmt {
   int Step() { return rc_ = sqlite3_step(s_); }
   sqlite3_stmt* raw() { return s_; }
   int64_t Int(int col) const { return sqlite3_column_int64(s_, col); }
+  double Double(int col) const { return sqlite3_column_double(s_, col); }
   std::string Blob(int col) const {
     const void* p = sqlite3_column_blob(s_, col);
     return p == nullptr ? std::string() : std::string(static_cast<const char*>(p), sqlite3_column_bytes(s_, col));

@@ -223,8 +223,12 @@ absl::Status Store::Migrate() {
        "CREATE INDEX jobs_list_owner ON jobs(owner, state, seq)",
        "CREATE INDEX jobs_list_kind ON jobs(kind, state, seq)",
        "CREATE INDEX jobs_list_owner_kind ON jobs(owner, kind, state, seq)"},
+      // 3: GPU time of ended attempts, read from a time on at start (quotas and fair share).
+      {"CREATE TABLE usage(seq INTEGER PRIMARY KEY, owner TEXT NOT NULL, job_id TEXT NOT NULL,"
+       " attempt INTEGER NOT NULL, gpus REAL NOT NULL, start_ms INTEGER NOT NULL, end_ms INTEGER NOT NULL)",
+       "CREATE INDEX usage_by_end ON usage(end_ms)"},
   };
-  static_assert(kSchemaVersion == 2, "add the new version's steps above");
+  static_assert(kSchemaVersion == 3, "add the new version's steps above");
   for (int64_t v = version + 1; v <= kSchemaVersion; ++v) {
     for (const char* sql : kSteps[v - 1]) {
       if (auto st = Exec(sql); !st.ok()) return fail(st);
@@ -270,7 +274,8 @@ absl::Status Store::AppendLocked(int64_t job_seq, ftd::v1::JobEvent& e, int64_t 
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::pair<ftd::v1::Job, bool>> Store::Insert(ftd::v1::Job job, int64_t now_ms, int64_t max_queued) {
+absl::StatusOr<std::pair<ftd::v1::Job, bool>> Store::Insert(ftd::v1::Job job, int64_t now_ms, int64_t max_queued,
+                                                             int64_t max_queued_owner) {
   std::lock_guard<std::mutex> l(mu_);
   if (auto st = Begin(); !st.ok()) return st;
   auto fail = [&](absl::Status st) {
@@ -302,6 +307,16 @@ absl::StatusOr<std::pair<ftd::v1::Job, bool>> Store::Insert(ftd::v1::Job job, in
                                                             max_queued, "); retry later or cancel queued jobs")));
     }
   }
+  if (job.state() == ftd::v1::QUEUED && max_queued_owner > 0) {
+    Stmt c(db_, "SELECT COUNT(*) FROM (SELECT 1 FROM jobs WHERE owner = ? AND state = ? LIMIT ?)");
+    c.Bind(1, job.owner()).Bind(2, ftd::v1::QUEUED).Bind(3, max_queued_owner);
+    if (c.Step() != SQLITE_ROW) return fail(Error("count the owner's queued jobs"));
+    if (c.Int(0) >= max_queued_owner) {
+      return fail(absl::ResourceExhaustedError(absl::StrCat(
+          "user ", job.owner(), " has ", c.Int(0), " job(s) queued, the limit for the user (queued=", max_queued_owner,
+          "); submit again once some have started, or cancel queued ones")));
+    }
+  }
   {
     Stmt i(db_, "INSERT INTO jobs(id, request_id, state, owner, kind, priority, job) VALUES(?, ?, ?, ?, ?, ?, x'')");
     i.Bind(1, absl::StrCat("pending-", now_ms, "-", reinterpret_cast<uintptr_t>(&job)));
@@ -327,6 +342,35 @@ absl::StatusOr<std::pair<ftd::v1::Job, bool>> Store::Insert(ftd::v1::Job job, in
   if (auto st = AppendLocked(seq, e, now_ms); !st.ok()) return fail(st);
   if (auto st = Commit(); !st.ok()) return fail(st);
   return std::make_pair(job, true);
+}
+
+absl::Status Store::AddUsage(const UsageRecord& r) {
+  std::lock_guard<std::mutex> l(mu_);
+  Stmt i(db_, "INSERT INTO usage(owner, job_id, attempt, gpus, start_ms, end_ms) VALUES(?, ?, ?, ?, ?, ?)");
+  i.Bind(1, r.owner).Bind(2, r.job_id).Bind(3, r.attempt).BindDouble(4, r.gpus).Bind(5, r.start_ms).Bind(6, r.end_ms);
+  if (i.Step() != SQLITE_DONE) return Error("record usage");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<UsageRecord>> Store::UsageSince(int64_t since_ms) {
+  ReadTxn t(this);
+  Stmt q(t.db(), "SELECT owner, job_id, attempt, gpus, start_ms, end_ms FROM usage WHERE end_ms >= ? ORDER BY end_ms");
+  q.Bind(1, since_ms);
+  std::vector<UsageRecord> out;
+  int rc;
+  while ((rc = q.Step()) == SQLITE_ROW) {
+    out.push_back({q.Text(0), q.Text(1), static_cast<int>(q.Int(2)), q.Double(3), q.Int(4), q.Int(5)});
+  }
+  if (rc != SQLITE_DONE) return Error(t.db(), "read usage");
+  return out;
+}
+
+absl::StatusOr<int64_t> Store::LastEventMs(const std::string& id) {
+  ReadTxn t(this);
+  Stmt q(t.db(), "SELECT MAX(e.unix_ms) FROM events e JOIN jobs j ON e.job_seq = j.seq WHERE j.id = ?");
+  q.Bind(1, id);
+  if (q.Step() != SQLITE_ROW) return Error(t.db(), "read the last event");
+  return q.Int(0);
 }
 
 absl::StatusOr<ftd::v1::Job> Store::Get(const std::string& id) {

@@ -30,7 +30,8 @@
 namespace ftd::server {
 
 // 1: jobs, events, meta. 2: indexes for listing by state, owner and kind in submission order.
-inline constexpr int kSchemaVersion = 2;
+// 3: usage (GPU time of ended attempts, by owner).
+inline constexpr int kSchemaVersion = 3;
 // The most events one Events() call returns.
 inline constexpr int kMaxEventsPerRead = 1000;
 // Read connections (reads run concurrently with each other and with the one writer).
@@ -47,6 +48,15 @@ struct JobFilter {
   int limit = 50;  // jobs per page, ≥ 1
 };
 
+// The GPU time of one ended attempt (quotas and fair share; usage_ledger.h).
+struct UsageRecord {
+  std::string owner, job_id;
+  int attempt = 0;
+  double gpus = 0;       // GPUs held, a fraction when shared
+  int64_t start_ms = 0;  // unix ms
+  int64_t end_ms = 0;
+};
+
 class Store {
  public:
   // Opens or creates the database and upgrades an older schema in place. A newer schema version or
@@ -59,8 +69,10 @@ class Store {
   // In one transaction: when request_id is set and already known, returns the existing job with
   // created = false (whether or not the queue is full); otherwise, when `job` is QUEUED and
   // `max_queued` jobs are already QUEUED, RESOURCE_EXHAUSTED; otherwise inserts the job (its id
-  // assigned here) and its first event and returns it with created = true.
-  absl::StatusOr<std::pair<ftd::v1::Job, bool>> Insert(ftd::v1::Job job, int64_t now_ms, int64_t max_queued);
+  // assigned here) and its first event and returns it with created = true. `max_queued_owner` (0:
+  // none) bounds the QUEUED jobs of the job's owner the same way.
+  absl::StatusOr<std::pair<ftd::v1::Job, bool>> Insert(ftd::v1::Job job, int64_t now_ms, int64_t max_queued,
+                                                       int64_t max_queued_owner = 0);
   absl::StatusOr<ftd::v1::Job> Get(const std::string& id);
   // One page of the jobs that match `f`, in its order; *next_seq is the cursor of the next page
   // (0 when this page is the last).
@@ -81,6 +93,13 @@ class Store {
   // All jobs in the given states, in scheduling order (priority desc, submission asc).
   absl::StatusOr<std::vector<ftd::v1::Job>> JobsInStates(const std::vector<ftd::v1::JobState>& states);
   absl::StatusOr<int64_t> CountInState(ftd::v1::JobState state);
+  // Usage of ended attempts: kept when their jobs are deleted (it is the users' history).
+  absl::Status AddUsage(const UsageRecord& r);
+  // Every record that ended at or after `since_ms`.
+  absl::StatusOr<std::vector<UsageRecord>> UsageSince(int64_t since_ms);
+  // The time of the job's newest event (0 if it has none): when a job found RUNNING at start last
+  // showed signs of life.
+  absl::StatusOr<int64_t> LastEventMs(const std::string& id);
   // PRAGMA integrity_check == "ok".
   absl::Status IntegrityCheck();
 

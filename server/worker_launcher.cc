@@ -35,7 +35,7 @@ absl::StatusOr<int64_t> ProcessLauncher::Launch(const LaunchRequest& req) {
   // the process's owner.
   s.env.emplace_back(kAttemptTokenEnv, req.token);
   s.log_path = (dir / "worker.log").string();
-  if (req.slot.rfind("gpu:", 0) == 0) s.env.emplace_back("CUDA_VISIBLE_DEVICES", req.slot.substr(4));
+  if (req.gpu >= 0) s.env.emplace_back("CUDA_VISIBLE_DEVICES", std::to_string(req.gpu));
   s.env.emplace_back("FTD_SLOT", req.slot);
   // Held across the spawn so that an immediate exit is not reported before the pid is known.
   std::lock_guard<std::mutex> l(mu_);

@@ -30,7 +30,8 @@ struct LaunchRequest {
   std::string job_id;
   int attempt = 0;
   std::string token;  // the attempt's secret, checked on every worker message
-  std::string slot;   // "gpu:N" or "cpu"
+  std::string slot;   // "gpu:N", "gpu:N/k" (one of several jobs on GPU N) or "cpu"
+  int gpu = -1;       // the CUDA device it runs on (CUDA_VISIBLE_DEVICES); -1: none
 };
 
 // How a worker is asked to stop: SIGTERM, write a checkpoint and stop (drain, cancel --checkpoint);

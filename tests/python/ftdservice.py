@@ -56,8 +56,8 @@ class Daemon:
         self._log_from = Path(self.log.name).stat().st_size
         self.proc = subprocess.Popen(
             [str(FTD), "--listen", self.tcp, "--socket", str(self.socket), "--metrics-listen", f"127.0.0.1:{self.metrics_port}",
-             "--data-dir", str(self.data), "--gpus", "0", "--backoff-s", "0.2", "--grace-s", "3",
-             "--heartbeat-timeout-s", "5", *self.flags],
+             "--data-dir", str(self.data), *([] if "--gpus" in self.flags else ["--gpus", "0"]), "--backoff-s", "0.2",
+             "--grace-s", "3", "--heartbeat-timeout-s", "5", *self.flags],
             stdout=self.log, stderr=self.log, env=self.env)
         if wait:
             self.wait_ready()

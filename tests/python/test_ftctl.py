@@ -259,7 +259,7 @@ def test_list_newest_first_limit_name_and_columns(tmp_path):
         assert [r["id"] for r in json.loads(ftctl(d, "list", "--name", "other", "-o", "json").stdout)] == [ids[2]]
         table = ftctl(d, "list").stdout.splitlines()
         assert table[0].split() == ["ID", "NAME", "STATE", "REASON", "KIND", "STEP", "LOSS", "AGE", "DURATION", "PRI",
-                                    "OWNER"], table[0]
+                                    "OWNER", "GPU"], table[0]
         assert table[1].startswith(ids[3])
     finally:
         d.stop()
