@@ -34,6 +34,12 @@ absl::Status CheckJsonSyntax(const std::string& json) {
     // nlohmann's text: "[json.exception.parse_error.101] parse error at line 1, column 5: syntax error ..."
     if (const auto p = what.find("syntax error"); p != std::string::npos) what = what.substr(p);
     return absl::InvalidArgumentError(absl::StrCat("spec is not valid JSON: line ", line, ", column ", column, ": ", what));
+  } catch (const nlohmann::json::exception& e) {
+    // A number outside a double's range (1e400): out_of_range.406, which names the number.
+    std::string what = e.what();
+    if (const auto p = what.find("] "); p != std::string::npos) what = what.substr(p + 2);
+    if (what.size() > 200) what = what.substr(0, 200) + "...";
+    return absl::InvalidArgumentError(absl::StrCat("spec is not valid JSON: ", what));
   }
   return absl::OkStatus();
 }

@@ -44,6 +44,13 @@ TEST(Spec, ASyntaxErrorNamesItsLineAndColumn) {
   EXPECT_NE(c.status().message().find("line 1, column 1"), absl::string_view::npos) << c.status();
 }
 
+TEST(Spec, ANumberOutsideADoublesRangeIsAnErrorNotAnException) {
+  // Found by the SubmitJob fuzz target: nlohmann threw out_of_range, which nothing caught.
+  auto r = ParseTrainSpecJson(R"({"batch_size": -1e400})");
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.status().message(), "spec is not valid JSON: number overflow parsing '-1e400'");
+}
+
 TEST(Spec, ExplicitlySetInvalidValuesAreRejected) {
   auto spec = ParseTrainSpecJson(R"({"seq_len": 0})");
   ASSERT_TRUE(spec.ok());

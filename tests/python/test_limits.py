@@ -236,3 +236,41 @@ def test_one_user_is_held_to_call_rate_and_stream_limits_per_user_and_connection
         second.cancel()
     finally:
         d.stop()
+
+
+def test_a_sample_of_fuzzed_submits_against_the_real_daemon_gets_no_internal_answer(tmp_path):
+    # The in-process fuzz target (tests/fuzz, ctest submit_fuzz_test) runs 100,000 inputs; here a
+    # sample of the same kind of inputs goes through real gRPC to a real ftd, which must answer each
+    # with a status other than UNKNOWN and INTERNAL and stay up.
+    import random
+    corpus = sorted((Path(__file__).parents[1] / "fuzz" / "corpus" / "submit").glob("wire_*"))
+    seeds = [p.read_bytes()[1:] for p in corpus]
+    rng = random.Random(7)
+    d = Daemon(tmp_path, "--paused", "--max-queued", "20")
+    try:
+        codes = {}
+        for i in range(300):
+            b = bytearray(rng.choice(seeds))
+            for _ in range(rng.randint(1, 3)):
+                at = rng.randrange(len(b) + 1)
+                op = rng.randrange(4)
+                if op == 0 and b:
+                    b[at % len(b)] ^= 1 << rng.randrange(8)
+                elif op == 1:
+                    b[at:at] = bytes([rng.choice([0, 0x7F, 0x80, 0xFF])])
+                elif op == 2 and b:
+                    del b[at:at + rng.randint(1, 8)]
+                else:
+                    b = b[:at]
+            try:
+                submit_raw(d, bytes(b))
+                code = grpc.StatusCode.OK
+            except grpc.RpcError as e:
+                code = e.code()
+                assert code not in (grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL), (bytes(b).hex(), e.details())
+            codes[code.name] = codes.get(code.name, 0) + 1
+        print("answers:", codes)
+        assert d.proc.poll() is None, "ftd died"
+        assert codes.get("INVALID_ARGUMENT", 0) > 50, codes
+    finally:
+        d.stop()
