@@ -63,6 +63,11 @@ PeakMemory PredictPeakMemory(const LlamaConfig& m, const TrainConfig& c, bool gp
     p.optimizer = 2 * params * (masters ? 4 : e);
     p.gradients = params * e;
   }
+  if (k[KernelOp::kMatmul]) {  // FP8 matmuls: an E4M3 copy of every projection weight (1 byte an element)
+    double projection_params = 0;
+    for (size_t t = 0; t < in.size(); ++t) projection_params += layers * in[t] * out[t];
+    p.weights += projection_params;
+  }
 
   // What one layer saves for backward, per token (bytes). A frozen projection without an adapter
   // saves nothing (its input gradient needs only the weight); a trained weight saves its input; an

@@ -101,5 +101,16 @@ TEST(PeakMemory, ActivationCheckpointingSavesLessForEachMode) {
   EXPECT_LT(PredictPeakMemory(m, l, true).Peak() / kGiB, 30) << PredictPeakMemory(m, l, true).ToString();
 }
 
+// The fp8 set keeps an E4M3 copy of every projection weight: 1 byte for each of the 8B's 6.98e9
+// projection parameters (32 layers x 218,103,808) above the fused set's weights; nothing else changes.
+TEST(PeakMemory, Fp8AddsTheWeightCopies) {
+  const auto m = *PresetLlamaConfig("llama-3.1-8b");
+  const auto fused = PredictPeakMemory(m, Job(4, 2048, "fused"), true);
+  const auto fp8 = PredictPeakMemory(m, Job(4, 2048, "fp8"), true);
+  EXPECT_DOUBLE_EQ(fp8.weights - fused.weights, 32.0 * 218'103'808);
+  EXPECT_EQ(fp8.optimizer, fused.optimizer);
+  EXPECT_EQ(fp8.activations, fused.activations);
+}
+
 }  // namespace
 }  // namespace ftd::spec
