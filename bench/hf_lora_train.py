@@ -6,29 +6,22 @@ import argparse
 import json
 import time
 
-import numpy as np
 import torch
 import torch.nn.functional as F
+
+from hf_common import add_run_args, llama_8b_config, step_record, token_windows
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--tokens", required=True, help="uint32 token file")
-    ap.add_argument("--batch", type=int, required=True)
-    ap.add_argument("--seq", type=int, required=True)
-    ap.add_argument("--steps", type=int, required=True)
+    add_run_args(ap, lr=1e-4)
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--alpha", type=float, default=32)
-    ap.add_argument("--lr", type=float, default=1e-4)
     args = ap.parse_args()
 
     from peft import LoraConfig, get_peft_model
-    from transformers import LlamaConfig, LlamaForCausalLM
-    cfg = LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                      num_attention_heads=32, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-5,
-                      rope_theta=500000.0, max_position_embeddings=131072, tie_word_embeddings=False,
-                      rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                                        original_max_position_embeddings=8192))
+    from transformers import LlamaForCausalLM
+    cfg = llama_8b_config()
     torch.manual_seed(0)
     with torch.device("cuda"):
         base = LlamaForCausalLM._from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa")
@@ -38,9 +31,7 @@ def main():
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, fused=True)
-    w = args.seq + 1
-    tokens = np.fromfile(args.tokens, dtype="<u4")
-    windows = torch.from_numpy(tokens[: (len(tokens) // w) * w].astype(np.int64)).view(-1, w)
+    windows = token_windows(args.tokens, args.seq)
     steps = []
     out = {"impl": "hf-peft", "batch": args.batch, "seq": args.seq, "steps": steps,
            "adapter_dtype": str(params[0].dtype), "trainable": sum(p.numel() for p in params)}
@@ -58,9 +49,7 @@ def main():
             loss_v, _ = loss.item(), norm.item()
             torch.cuda.synchronize()
             dt = time.perf_counter() - t0
-            steps.append({"step": s + 1, "loss": loss_v, "step_time_s": dt, "tokens_per_s": args.batch * args.seq / dt,
-                          "peak_mem_allocated_bytes": torch.cuda.max_memory_allocated(),
-                          "peak_mem_reserved_bytes": torch.cuda.max_memory_reserved()})
+            steps.append(step_record(s + 1, loss_v, dt, args.batch, args.seq))
         out["outcome"] = "SUCCEEDED"
     except torch.OutOfMemoryError as e:
         out["outcome"] = "OUT_OF_MEMORY"

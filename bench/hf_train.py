@@ -15,30 +15,23 @@ import json
 import sys
 import time
 
-import numpy as np
 import torch
 import torch.nn.functional as F
+
+from hf_common import add_run_args, llama_8b_config, step_record, token_windows
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--tokens", required=True, help="uint32 token file")
-    ap.add_argument("--batch", type=int, required=True)
-    ap.add_argument("--seq", type=int, required=True)
-    ap.add_argument("--steps", type=int, required=True)
-    ap.add_argument("--lr", type=float, default=1e-5)
+    add_run_args(ap, lr=1e-5)
     ap.add_argument("--variant", choices=["eager", "compile", "liger", "float8"], default="eager")
     ap.add_argument("--grad-ckpt", action="store_true", help="HF gradient checkpointing (non-reentrant)")
     ap.add_argument("--phase-times", action="store_true",
                     help="print each step's phase GPU times, as ftd-worker run --phase-times does")
     args = ap.parse_args()
 
-    from transformers import LlamaConfig, LlamaForCausalLM
-    cfg = LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                      num_attention_heads=32, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-5,
-                      rope_theta=500000.0, max_position_embeddings=131072, tie_word_embeddings=False,
-                      rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                                        original_max_position_embeddings=8192))
+    from transformers import LlamaForCausalLM
+    cfg = llama_8b_config()
     impl = "hf-" + args.variant + ("+gc" if args.grad_ckpt else "")
     out = {"impl": impl, "batch": args.batch, "seq": args.seq, "steps": []}
     if args.variant == "liger":
@@ -70,9 +63,7 @@ def main():
     opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
                              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=True)
-    w = args.seq + 1
-    tokens = np.fromfile(args.tokens, dtype="<u4")
-    windows = torch.from_numpy(tokens[: (len(tokens) // w) * w].astype(np.int64)).view(-1, w)
+    windows = token_windows(args.tokens, args.seq)
     ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
     steps = out["steps"]
     try:
@@ -101,9 +92,7 @@ def main():
                 print(f"hf phases step {s + 1}: forward+backward {ev[0].elapsed_time(ev[1]):.2f} ms, norm+clip "
                       f"{ev[1].elapsed_time(ev[2]):.2f} ms, optimizer {ev[2].elapsed_time(ev[3]):.2f} ms, "
                       f"wall {dt * 1e3:.2f} ms", file=sys.stderr, flush=True)
-            steps.append({"step": s + 1, "loss": loss_v, "step_time_s": dt, "tokens_per_s": args.batch * args.seq / dt,
-                          "peak_mem_allocated_bytes": torch.cuda.max_memory_allocated(),
-                          "peak_mem_reserved_bytes": torch.cuda.max_memory_reserved()})
+            steps.append(step_record(s + 1, loss_v, dt, args.batch, args.seq))
         out["outcome"] = "SUCCEEDED"
     except torch.OutOfMemoryError as e:
         out["outcome"] = "OUT_OF_MEMORY"

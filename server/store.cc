@@ -503,6 +503,22 @@ absl::StatusOr<std::vector<std::string>> Store::EventsPlan() {
 absl::StatusOr<ftd::v1::Job> Store::Update(
     const std::string& id,
     const std::function<absl::Status(ftd::v1::Job&, std::vector<ftd::v1::JobEvent>&)>& mutate, int64_t now_ms) {
+  ftd::v1::Job job;
+  auto st = InJobTxn(id, [&](int64_t seq, ftd::v1::Job& stored) {
+    job = stored;
+    std::vector<ftd::v1::JobEvent> events;
+    if (auto st = mutate(job, events); !st.ok()) return st;
+    if (auto st = SaveLocked(seq, job); !st.ok()) return st;
+    for (auto& e : events) {
+      if (auto st = AppendLocked(seq, e, now_ms); !st.ok()) return st;
+    }
+    return absl::OkStatus();
+  });
+  if (!st.ok()) return st;
+  return job;
+}
+
+absl::Status Store::InJobTxn(const std::string& id, const std::function<absl::Status(int64_t, ftd::v1::Job&)>& body) {
   std::lock_guard<std::mutex> l(mu_);
   if (auto st = Begin(); !st.ok()) return st;
   auto fail = [&](absl::Status st) {
@@ -513,15 +529,9 @@ absl::StatusOr<ftd::v1::Job> Store::Update(
   auto j = LoadLocked(db_, id, &seq);
   if (!j.ok()) return fail(j.status());
   if (!j->has_value()) return fail(absl::NotFoundError(absl::StrCat("job ", id, " does not exist")));
-  ftd::v1::Job job = **j;
-  std::vector<ftd::v1::JobEvent> events;
-  if (auto st = mutate(job, events); !st.ok()) return fail(st);
-  if (auto st = SaveLocked(seq, job); !st.ok()) return fail(st);
-  for (auto& e : events) {
-    if (auto st = AppendLocked(seq, e, now_ms); !st.ok()) return fail(st);
-  }
+  if (auto st = body(seq, **j); !st.ok()) return fail(st);
   if (auto st = Commit(); !st.ok()) return fail(st);
-  return job;
+  return absl::OkStatus();
 }
 
 absl::Status Store::AppendEvent(const std::string& id, ftd::v1::JobEvent event, int64_t now_ms) {
@@ -557,33 +567,21 @@ absl::StatusOr<std::vector<ftd::v1::JobEvent>> Store::Events(const std::string& 
 }
 
 absl::Status Store::Delete(const std::string& id) {
-  std::lock_guard<std::mutex> l(mu_);
-  if (auto st = Begin(); !st.ok()) return st;
-  auto fail = [&](absl::Status st) {
-    Rollback();
-    return st;
-  };
-  int64_t seq = 0;
-  auto j = LoadLocked(db_, id, &seq);
-  if (!j.ok()) return fail(j.status());
-  if (!j->has_value()) return fail(absl::NotFoundError(absl::StrCat("job ", id, " does not exist")));
-  if (!IsTerminal((*j)->state())) {
-    return fail(absl::FailedPreconditionError(
-        absl::StrCat("job ", id, " is ", ftd::v1::JobState_Name((*j)->state()),
-                     ": only finished jobs (SUCCEEDED, FAILED, CANCELLED) can be deleted; cancel it first")));
-  }
-  {
-    Stmt d(db_, "DELETE FROM events WHERE job_seq = ?");
-    d.Bind(1, seq);
-    if (d.Step() != SQLITE_DONE) return fail(Error("delete events"));
-  }
-  {
-    Stmt d(db_, "DELETE FROM jobs WHERE seq = ?");
-    d.Bind(1, seq);
-    if (d.Step() != SQLITE_DONE) return fail(Error("delete job"));
-  }
-  if (auto st = Commit(); !st.ok()) return fail(st);
-  return absl::OkStatus();
+  return InJobTxn(id, [&](int64_t seq, ftd::v1::Job& job) {
+    if (!IsTerminal(job.state())) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", id, " is ", ftd::v1::JobState_Name(job.state()),
+                       ": only finished jobs (SUCCEEDED, FAILED, CANCELLED) can be deleted; cancel it first"));
+    }
+    const std::pair<const char*, const char*> deletes[] = {{"DELETE FROM events WHERE job_seq = ?", "delete events"},
+                                                          {"DELETE FROM jobs WHERE seq = ?", "delete job"}};
+    for (const auto& [sql, what] : deletes) {
+      Stmt d(db_, sql);
+      d.Bind(1, seq);
+      if (d.Step() != SQLITE_DONE) return Error(what);
+    }
+    return absl::OkStatus();
+  });
 }
 
 absl::StatusOr<std::vector<ftd::v1::Job>> Store::JobsInStates(const std::vector<ftd::v1::JobState>& states) {

@@ -116,6 +116,9 @@ class Store {
   void Rollback();
   absl::Status Migrate();
   absl::StatusOr<std::optional<ftd::v1::Job>> LoadLocked(sqlite3* db, const std::string& id, int64_t* seq);
+  // One write transaction on job `id`: loads it (NotFound if absent), runs `body` with its row's
+  // seq and record, and commits; any failure rolls the whole transaction back.
+  absl::Status InJobTxn(const std::string& id, const std::function<absl::Status(int64_t, ftd::v1::Job&)>& body);
   absl::Status SaveLocked(int64_t seq, const ftd::v1::Job& job);
   absl::Status AppendLocked(int64_t job_seq, ftd::v1::JobEvent& e, int64_t now_ms);
   absl::StatusOr<std::vector<std::string>> PlanLocked(sqlite3* db, const std::string& sql);
