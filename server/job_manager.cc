@@ -1074,6 +1074,13 @@ absl::StatusOr<ftd::v1::Assignment> JobManager::Assign(const ftd::v1::WorkerHell
   as.set_name(job->name());
   *as.mutable_spec() = job->spec();
   as.set_checkpoint_dir((fs::path(JobDir(job->id())) / "checkpoints").string());
+  if (cfg_.sandbox.enabled()) {
+    auto roots = cfg_.sandbox.RootsFor(job->owner());
+    if (!roots.ok()) return roots.status();
+    if (!roots->writable.empty()) as.add_writable_roots(roots->writable);
+    as.add_writable_roots(JobDir(job->id()));
+    for (const std::string& r : roots->read_only) as.add_read_only_roots(r);
+  }
   if (job->kind() == ftd::v1::PROFILE) {
     as.set_profile(true);
     as.set_trace_path((fs::path(JobDir(job->id())) / "trace.json").string());

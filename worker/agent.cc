@@ -11,6 +11,7 @@
 
 #include "ftd/v1/worker.grpc.pb.h"
 #include "worker/engine/engine.h"
+#include "worker/engine/fs_util.h"
 #include "spec/spec.h"
 #include "worker/reports.h"
 
@@ -35,6 +36,13 @@ int RunAgent(const AgentOptions& opts, std::atomic<bool>* stop, const std::atomi
                 << st.error_message() << std::endl;
       return 1;
     }
+  }
+  std::vector<ftd::engine::OpenRoot> roots;
+  for (const std::string& r : assignment.writable_roots()) roots.push_back({r, true});
+  for (const std::string& r : assignment.read_only_roots()) roots.push_back({r, false});
+  if (auto st = ftd::engine::ConfineOpens(roots); !st.ok()) {
+    std::cerr << "ftd-worker agent: " << st.message() << std::endl;
+    return 1;
   }
   ftd::v1::TrainSpec spec = assignment.spec();
   const bool checkpoints = !spec.checkpoint().has_enabled() || spec.checkpoint().enabled();

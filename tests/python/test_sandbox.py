@@ -39,8 +39,7 @@ def test_the_attempt_token_is_not_on_the_worker_command_line(daemon):
 
 # --- roots at submit -----------------------------------------------------------------------------
 
-@pytest.fixture
-def roots(tmp_path, local_users):
+def roots_daemon(tmp_path, *flags):
     """A daemon with per-user roots (BASE/users/{user}, each its user's, 0700) and a shared read-only
     root (BASE/models), on a socket other local users can reach; the test users run ftctl."""
     base = Path(tempfile.mkdtemp(prefix="ftd-roots-"))
@@ -54,11 +53,25 @@ def roots(tmp_path, local_users):
     (base / "users").chmod(0o755)
     (base / "models").mkdir()
     d = Daemon(tmp_path, "--user-root", str(base / "users" / "{user}"), "--read-only-root", str(base / "models"),
-               socket=base / "ftd.sock")
+               *flags, socket=base / "ftd.sock")
     d.base = base
+    return d
+
+
+@pytest.fixture
+def roots(tmp_path, local_users):
+    d = roots_daemon(tmp_path)
     yield d
     d.stop()
-    shutil.rmtree(base, ignore_errors=True)
+    shutil.rmtree(d.base, ignore_errors=True)
+
+
+@pytest.fixture
+def paused_roots(tmp_path, local_users):
+    d = roots_daemon(tmp_path, "--paused")
+    yield d
+    d.stop()
+    shutil.rmtree(d.base, ignore_errors=True)
 
 
 def user_ftctl(user, daemon, *args, cwd="/"):
@@ -123,6 +136,33 @@ def test_symlinks_out_of_the_root_and_missing_inputs_are_refused(roots):
     assert not Path("/etc/x").exists()
     p = user_ftctl(ALICE, roots, "submit", "--default", "--set", f"data.path={alice_root}/nope.bin")
     assert p.returncode != 0 and "spec.data.path" in p.stderr and "does not exist" in p.stderr, p.stderr
+
+
+def test_a_symlink_swapped_in_after_submit_is_refused_when_the_worker_opens(paused_roots):
+    """Paths pass at submit; while the jobs wait, Alice swaps in symbolic links that lead out of her
+    root. The worker opens beneath her root's directory (openat2 RESOLVE_BENEATH) and refuses."""
+    d = paused_roots
+    alice_root = d.base / "users" / ALICE
+    tokens = bytes(range(1, 61)) * 40  # uint16 ids below the tiny vocabulary: a valid token file
+    (d.base / "outside.bin").write_bytes(tokens)
+    (d.base / "outside").mkdir()
+    (alice_root / "train.bin").write_bytes(tokens)
+    specs = [dict(TINY, steps=1, data={"path": str(alice_root / "train.bin")}),
+             dict(TINY, steps=1, checkpoint={"dir": str(alice_root / "ck")})]
+    jobs = []
+    for i, job_spec in enumerate(specs):
+        spec_file = d.base / f"spec-{i}.json"
+        spec_file.write_text(json.dumps(job_spec))
+        spec_file.chmod(0o644)
+        jobs.append(ok(user_ftctl(ALICE, d, "submit", str(spec_file), "--max-attempts", "1")))
+    (alice_root / "train.bin").unlink()
+    (alice_root / "train.bin").symlink_to(d.base / "outside.bin")
+    (alice_root / "ck").symlink_to(d.base / "outside")
+    ok(ftctl(d, "resume"))
+    for job, field in zip(jobs, ("spec.data.path", "spec.checkpoint.dir")):
+        got = wait_for(lambda: finished(ALICE, d, job), 120, f"job {job} to end")
+        assert got["state"] == "FAILED" and f"{field}: not permitted" in got["message"], got
+    assert list((d.base / "outside").iterdir()) == []
 
 
 # --- errors leak nothing -------------------------------------------------------------------------

@@ -116,9 +116,8 @@ absl::Status Prune(const fs::path& root, const fs::path& written, int keep_last)
 absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const TrainerState& st, const LlamaModel& model,
                                            const AdamW& opt, int keep_last, bool merged,
                                            const ProgressFn& progress) {
+  if (auto s = EnsureDirectory(root, "spec.checkpoint.dir"); !s.ok()) return s;
   std::error_code ec;
-  fs::create_directories(root, ec);
-  if (ec) return absl::InternalError(absl::StrCat("create ", root, ": ", ec.message()));
   // Held until the checkpoint is in place and pruned. The kernel releases it when a writer dies,
   // so every partial checkpoint found while holding it was left by a writer that is gone.
   auto lock = DirLock::Acquire(root);

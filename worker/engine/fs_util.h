@@ -5,6 +5,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -32,6 +33,26 @@ class Fd {
   int fd_ = -1;
 };
 
+// Confinement: once set, every open below (OpenRegularFile, ReadRegularFile, EnsureDirectory) of an
+// absolute path happens beneath the root directory that holds it, through that root's descriptor
+// (opened here): openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS), or where the kernel lacks openat2
+// (before Linux 5.6) a walk that opens each component with O_NOFOLLOW. A symbolic link swapped in
+// after the job was submitted cannot lead out: the open fails "not permitted". A path under no root
+// is refused the same way. Set once by the worker agent from its assignment (the daemon's roots for
+// the job's owner), before the job runs; process-wide, like the umask. Writes go only to writable
+// roots. An empty list (the default) confines nothing.
+struct OpenRoot {
+  std::string path;  // absolute, resolved
+  bool writable = false;
+};
+absl::Status ConfineOpens(const std::vector<OpenRoot>& roots);
+// For tests: use the O_NOFOLLOW walk even where openat2 exists.
+void ForceOpenWalkForTesting(bool force);
+
+// Makes the directory `dir` and its missing parents (0700 under the worker's umask); confined to a
+// writable root when ConfineOpens is set. `what` names it in errors.
+absl::Status EnsureDirectory(const std::string& dir, std::string_view what);
+
 // Opens `path` read-only, only if it is a regular file. The open itself cannot block: it uses
 // O_NONBLOCK (a FIFO with no writer, or a device, would otherwise hang the open or the first
 // read), the type is checked with fstat on the opened descriptor (no window between a check and
@@ -42,6 +63,9 @@ absl::StatusOr<Fd> OpenRegularFile(const std::string& path, std::string_view wha
 // Reads a whole regular file (OpenRegularFile's rule).
 absl::StatusOr<std::string> ReadRegularFile(const std::string& path, std::string_view what);
 
+// Creates (or truncates) `path` for writing (mode 0644 before the umask); confined to a writable
+// root when ConfineOpens is set.
+absl::StatusOr<Fd> CreateFile(const std::string& path);
 // Writes `contents` to `path` (truncating) and fsyncs the file.
 absl::Status WriteFileSynced(const std::string& path, const std::string& contents);
 // Writes all of `n` bytes to `fd` (retrying short writes and EINTR); `path` names it in errors.

@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -83,6 +84,64 @@ TEST_F(FsUtilTest, DirLockExcludesOthersUntilReleased) {
   }
   EXPECT_EQ(other(), 0);
 }
+
+// Confinement, through openat2 and through the O_NOFOLLOW walk that stands in for it.
+class ConfinedOpenTest : public FsUtilTest, public ::testing::WithParamInterface<bool> {
+ protected:
+  void SetUp() override {
+    FsUtilTest::SetUp();
+    dir_ = fs::canonical(dir_);
+    ForceOpenWalkForTesting(GetParam());
+    fs::create_directories(dir_ / "root" / "data");
+    fs::create_directories(dir_ / "out");
+    { std::ofstream(dir_ / "root" / "data" / "t.bin") << "tokens"; }
+    { std::ofstream(dir_ / "out" / "secret") << "secret"; }
+    ASSERT_TRUE(ConfineOpens({{(dir_ / "root").string(), true}}).ok());
+  }
+  void TearDown() override {
+    ASSERT_TRUE(ConfineOpens({}).ok());
+    ForceOpenWalkForTesting(false);
+    FsUtilTest::TearDown();
+  }
+};
+
+TEST_P(ConfinedOpenTest, OpensBeneathTheRootAndRefusesWaysOut) {
+  auto in = ReadRegularFile((dir_ / "root/data/t.bin").string(), "spec.data.path");
+  ASSERT_TRUE(in.ok()) << in.status();
+  EXPECT_EQ(*in, "tokens");
+  // a path under no root
+  auto out = ReadRegularFile((dir_ / "out/secret").string(), "spec.data.path");
+  EXPECT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find("spec.data.path: not permitted"), std::string::npos) << out.status();
+  // the file swapped for a symbolic link out, and a directory on the way swapped for one
+  fs::remove(dir_ / "root/data/t.bin");
+  fs::create_symlink(dir_ / "out/secret", dir_ / "root/data/t.bin");
+  out = ReadRegularFile((dir_ / "root/data/t.bin").string(), "spec.data.path");
+  EXPECT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find("not permitted"), std::string::npos) << out.status();
+  fs::remove_all(dir_ / "root/data");
+  fs::create_symlink("../out", dir_ / "root/data");
+  out = ReadRegularFile((dir_ / "root/data/secret").string(), "spec.data.path");
+  EXPECT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find("not permitted"), std::string::npos) << out.status();
+}
+
+TEST_P(ConfinedOpenTest, WritesAndDirectoriesOnlyBeneathAWritableRoot) {
+  EXPECT_TRUE(EnsureDirectory((dir_ / "root/ck/a").string(), "spec.checkpoint.dir").ok());
+  EXPECT_TRUE(fs::is_directory(dir_ / "root/ck/a"));
+  EXPECT_TRUE(WriteFileSynced((dir_ / "root/ck/a/m.json").string(), "{}").ok());
+  fs::create_symlink(dir_ / "out", dir_ / "root/ck/link");
+  auto st = EnsureDirectory((dir_ / "root/ck/link/x").string(), "spec.checkpoint.dir");
+  EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied) << st;
+  EXPECT_FALSE(fs::exists(dir_ / "out/x"));
+  EXPECT_FALSE(WriteFileSynced((dir_ / "root/ck/link/m.json").string(), "{}").ok());
+  EXPECT_FALSE(fs::exists(dir_ / "out/m.json"));
+  ASSERT_TRUE(ConfineOpens({{(dir_ / "root").string(), false}}).ok());  // read-only now
+  EXPECT_FALSE(WriteFileSynced((dir_ / "root/ck/a/n.json").string(), "{}").ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Openat2AndWalk, ConfinedOpenTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "walk" : "openat2"; });
 
 }  // namespace
 }  // namespace ftd::engine

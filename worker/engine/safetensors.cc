@@ -243,8 +243,9 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorT
   }
   std::string h = header.dump();
   h.append((8 - h.size() % 8) % 8, ' ');  // align the buffer to 8 bytes, as the reference writer does
-  Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (fd.get() < 0) return absl::InternalError(absl::StrCat("create ", path, ": ", std::strerror(errno)));
+  auto created = CreateFile(path);
+  if (!created.ok()) return created.status();
+  Fd fd = std::move(*created);
   uint8_t len[8];
   const uint64_t n = h.size();
   for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(n >> (8 * i));
