@@ -62,9 +62,8 @@ absl::StatusOr<data::PrepareRequest> PrepareRequestFor(const DataConfig& cfg, co
   return req;
 }
 
-absl::StatusOr<std::unique_ptr<TokenData>> TokenData::Open(const DataConfig& cfg, int64_t seq_len,
-                                                           int64_t batch_size, int64_t vocab_size,
-                                                           const ProgressFn& progress, Split split) {
+std::unique_ptr<TokenData> TokenData::Make(const DataConfig& cfg, int64_t seq_len, int64_t batch_size,
+                                           int64_t vocab_size) {
   std::unique_ptr<TokenData> d(new TokenData());
   d->seq_ = seq_len;
   d->batch_ = batch_size;
@@ -72,8 +71,30 @@ absl::StatusOr<std::unique_ptr<TokenData>> TokenData::Open(const DataConfig& cfg
   d->pad_ = cfg.sequence == "pad";
   d->shuffle_ = cfg.shuffle;
   d->seed_ = cfg.seed;
+  return d;
+}
+
+absl::StatusOr<std::unique_ptr<TokenData>> TokenData::Open(const DataConfig& cfg, int64_t seq_len,
+                                                           int64_t batch_size, int64_t vocab_size,
+                                                           const ProgressFn& progress, Split split) {
+  auto d = Make(cfg, seq_len, batch_size, vocab_size);
   const bool eval_file = split == Split::kEval && !cfg.eval_path.empty();
   if (auto s = d->Load(cfg, eval_file ? cfg.eval_path : cfg.path, progress); !s.ok()) return s;
+  return Finish(std::move(d), cfg, split, eval_file);
+}
+
+absl::StatusOr<std::unique_ptr<TokenData>> TokenData::FromCorpus(data::Corpus corpus, const DataConfig& cfg,
+                                                                 int64_t seq_len, int64_t batch_size,
+                                                                 int64_t vocab_size, Split split) {
+  auto d = Make(cfg, seq_len, batch_size, vocab_size);
+  d->name_ = "the corpus";
+  d->Adopt(std::move(corpus));
+  return Finish(std::move(d), cfg, split, /*eval_file=*/false);
+}
+
+absl::StatusOr<std::unique_ptr<TokenData>> TokenData::Finish(std::unique_ptr<TokenData> d, const DataConfig& cfg,
+                                                             Split split, bool eval_file) {
+  const int64_t seq_len = d->seq_, batch_size = d->batch_;
   if (auto s = d->CheckVocab(); !s.ok()) return s;
   d->BuildRows(cfg, eval_file ? Split::kTrain : split);  // an eval file is all held-out rows
   const std::string field = eval_file ? "spec.data.eval_path" : "spec.data.path";
@@ -89,6 +110,35 @@ absl::StatusOr<std::unique_ptr<TokenData>> TokenData::Open(const DataConfig& cfg
         " tokens (use more data, or a smaller batch_size or seq_len)"));
   }
   return d;
+}
+
+void TokenData::Adopt(data::Corpus&& c) {
+  owned32_ = std::move(c.ids);
+  owned_loss_ = std::move(c.loss);
+  docs_ = std::move(c.docs);
+  tokens_ = owned32_.data();
+  loss_ = owned_loss_.data();
+  elem_size_ = 4;
+  num_tokens_ = static_cast<int64_t>(owned32_.size());
+}
+
+void TokenData::KeepDocuments(const std::vector<bool>& keep) {
+  size_t out = 0;
+  std::vector<uint64_t> docs{0};
+  for (size_t d = 0; d + 1 < docs_.size(); ++d) {
+    if (!keep[d]) continue;
+    for (uint64_t i = docs_[d]; i < docs_[d + 1]; ++i, ++out) {
+      owned32_[out] = owned32_[i];
+      owned_loss_[out] = owned_loss_[i];
+    }
+    docs.push_back(out);
+  }
+  owned32_.resize(out);
+  owned_loss_.resize(out);
+  docs_ = std::move(docs);
+  tokens_ = owned32_.data();
+  loss_ = owned_loss_.data();
+  num_tokens_ = static_cast<int64_t>(out);
 }
 
 absl::Status TokenData::Load(const DataConfig& cfg, const std::string& path, const ProgressFn& progress) {
@@ -127,13 +177,9 @@ absl::Status TokenData::Load(const DataConfig& cfg, const std::string& path, con
     auto prepared = data::PrepareJsonl(*req);
     if (!prepared.ok()) return prepared.status();
     data::Corpus& c = prepared->corpus;
-    owned32_ = std::move(c.ids);
-    owned_loss_ = std::move(c.loss);
-    docs_ = std::move(c.docs);
-    tokens_ = owned32_.data();
-    loss_ = owned_loss_.data();
-    elem_size_ = 4;
-    num_tokens_ = static_cast<int64_t>(owned32_.size());
+    const uint64_t bad_line_count = c.bad_line_count;
+    const std::string bad_lines_summary = c.bad_lines_summary;
+    Adopt(std::move(c));
     uint64_t counted = 0;
     for (uint8_t l : owned_loss_) counted += l;
     summary_ = absl::StrFormat("%s (%s): %d examples, %d tokens, %.1f%% of them masked from the loss%s; %s %s",
@@ -141,7 +187,7 @@ absl::Status TokenData::Load(const DataConfig& cfg, const std::string& path, con
                                num_tokens_ > 0 ? 100.0 * static_cast<double>(num_tokens_ - static_cast<int64_t>(counted)) /
                                                      static_cast<double>(num_tokens_)
                                                : 0.0,
-                               c.bad_line_count > 0 ? absl::StrCat("; skipped ", c.bad_lines_summary) : "",
+                               bad_line_count > 0 ? absl::StrCat("; skipped ", bad_lines_summary) : "",
                                prepared->reused ? "reused" : "tokenized into",
                                prepared->cache_error.empty() ? prepared->dir
                                                              : absl::StrCat("memory (not cached: ", prepared->cache_error, ")"));
@@ -210,9 +256,20 @@ void TokenData::BuildRows(const DataConfig& cfg, Split split) {
   } else {
     total = num_tokens_ / w;  // a token file is one document: pad and pack cut the same windows
   }
-  // Held-out rows: each row drawn from the seed with probability eval_fraction.
+  // Held-out data: each document (pack with documents), else each row, drawn from the seed with
+  // probability eval_fraction.
   std::mt19937_64 rng(cfg.seed ^ 0xE7A1D47A5EEDULL);
   std::uniform_real_distribution<double> u(0.0, 1.0);
+  if (!pad_ && !docs_.empty() && cfg.eval_fraction > 0) {
+    // Split before packing: a window never holds a document's tail on one side and its head on the other.
+    std::vector<bool> keep(docs_.size() - 1);
+    for (size_t d = 0; d < keep.size(); ++d) keep[d] = (u(rng) < cfg.eval_fraction) == (split == Split::kEval);
+    KeepDocuments(keep);
+    absl::StrAppend(&summary_, "; ", split == Split::kEval ? "held out: " : "training on: ", docs_.size() - 1,
+                    " documents, ", num_tokens_, " tokens");
+    for (int64_t r = 0; r < num_tokens_ / w; ++r) rows_.push_back(r);
+    return;
+  }
   for (int64_t r = 0; r < total; ++r) {
     const bool held_out = cfg.eval_fraction > 0 && u(rng) < cfg.eval_fraction;
     if (held_out == (split == Split::kEval)) rows_.push_back(r);

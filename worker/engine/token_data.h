@@ -13,7 +13,9 @@
 //   pad:  row r is document r's first T+1 tokens (longer documents are truncated and counted),
 //         padded with id 0; padding is never attended to by real tokens and never a label.
 // The label of position t is the row's token t+1 when it is in the same document and its loss
-// mask counts it, else -100. Held-out rows (data.eval_fraction) are drawn per row from the seed.
+// mask counts it, else -100. Held-out data (data.eval_fraction) is drawn from the seed per document
+// where there are documents (JSONL: before packing, so that no document has tokens on both sides),
+// else per row (a token file or the embedded dataset: one document).
 // Micro-batch m of an epoch takes rows [m*B, (m+1)*B) of that epoch's order: row order without
 // shuffle, otherwise a permutation drawn from (seed, epoch). Epochs hold floor(R / B) micro-batches.
 #pragma once
@@ -24,6 +26,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "worker/data/dataset.h"
 #include "worker/data/dataset_cache.h"
 #include "worker/engine/progress.h"
 #include "worker/engine/spec_types.h"
@@ -53,6 +56,10 @@ class TokenData {
   static absl::StatusOr<std::unique_ptr<TokenData>> Open(const DataConfig& cfg, int64_t seq_len,
                                                          int64_t batch_size, int64_t vocab_size,
                                                          const ProgressFn& progress = {}, Split split = Split::kTrain);
+  // The same from a tokenized corpus in memory (what a JSONL file gives).
+  static absl::StatusOr<std::unique_ptr<TokenData>> FromCorpus(data::Corpus corpus, const DataConfig& cfg,
+                                                               int64_t seq_len, int64_t batch_size,
+                                                               int64_t vocab_size, Split split = Split::kTrain);
   ~TokenData();
   TokenData(const TokenData&) = delete;
   TokenData& operator=(const TokenData&) = delete;
@@ -72,6 +79,13 @@ class TokenData {
 
  private:
   TokenData() = default;
+  static std::unique_ptr<TokenData> Make(const DataConfig& cfg, int64_t seq_len, int64_t batch_size, int64_t vocab_size);
+  // Checks the ids, builds the split's rows and refuses too few of them.
+  static absl::StatusOr<std::unique_ptr<TokenData>> Finish(std::unique_ptr<TokenData> d, const DataConfig& cfg,
+                                                           Split split, bool eval_file);
+  void Adopt(data::Corpus&& c);
+  // Keeps only the documents `keep` says yes to, in order (ids, loss mask and boundaries).
+  void KeepDocuments(const std::vector<bool>& keep);
   absl::Status Load(const DataConfig& cfg, const std::string& path, const ProgressFn& progress);
   absl::Status CheckVocab() const;
   void BuildRows(const DataConfig& cfg, Split split);

@@ -3,7 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
+#include <iterator>
+#include <set>
 
 #include "worker/engine/test_tmpdir.h"
 
@@ -110,6 +113,59 @@ TEST(TokenData, EmbeddedArithmeticIsWellFormed) {
     EXPECT_EQ(st[op] == '+' ? a + b : a - b, r) << st;
   }
   EXPECT_GT(checked, 200u);
+}
+
+// 60 documents of 5..40 tokens; every token of document d is id d + 1, so a row's ids name its documents.
+data::Corpus NumberedDocuments() {
+  data::Corpus c;
+  for (uint32_t d = 0; d < 60; ++d) {
+    const uint32_t len = 5 + (d * 7) % 36;
+    for (uint32_t i = 0; i < len; ++i) {
+      c.ids.push_back(d + 1);
+      c.loss.push_back(1);
+    }
+    c.docs.push_back(c.ids.size());
+  }
+  return c;
+}
+
+// The documents whose tokens appear in any row of `d` (inputs, and the last label of each row).
+std::set<int64_t> DocumentsIn(TokenData& d) {
+  MicroBatch b;
+  d.Rows(0, d.num_rows(), &b);
+  std::set<int64_t> docs(b.input_ids.begin(), b.input_ids.end());
+  for (int64_t l : b.labels) {
+    if (l != kLabelIgnored) docs.insert(l);
+  }
+  return docs;
+}
+
+TEST(TokenData, PackedHeldOutDataIsSplitByDocumentBeforePacking) {
+  DataConfig cfg;
+  cfg.eval_fraction = 0.3;
+  cfg.seed = 11;
+  auto train = TokenData::FromCorpus(NumberedDocuments(), cfg, /*seq_len=*/15, /*batch=*/2, /*vocab=*/100);
+  auto eval = TokenData::FromCorpus(NumberedDocuments(), cfg, 15, 2, 100, TokenData::Split::kEval);
+  ASSERT_TRUE(train.ok()) << train.status();
+  ASSERT_TRUE(eval.ok()) << eval.status();
+  const auto a = DocumentsIn(**train), b = DocumentsIn(**eval);
+  ASSERT_FALSE(a.empty());
+  ASSERT_FALSE(b.empty());
+  std::vector<int64_t> both;
+  std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(both));
+  EXPECT_TRUE(both.empty()) << "documents with tokens on both sides: " << both.size();
+  // Every document is on one side, and the sides are the seeded fraction's (within a few documents).
+  EXPECT_GE(a.size() + b.size(), 54u) << "only the packed tails (< 16 tokens each) may drop documents";
+  EXPECT_GT(b.size(), 8u);
+  EXPECT_LT(b.size(), 30u);
+  // The same split on every open.
+  auto again = TokenData::FromCorpus(NumberedDocuments(), cfg, 15, 2, 100, TokenData::Split::kEval);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(DocumentsIn(**again), b);
+  // Rows still pack documents together, each at position 0 from its start.
+  MicroBatch m;
+  (*train)->Rows(0, (*train)->num_rows(), &m);
+  EXPECT_TRUE(m.multi_document);
 }
 
 }  // namespace
