@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "CLI/CLI.hpp"
+#include "build_commit.h"
 #include "server/admin_service.h"
 #include "server/auth.h"
 #include "server/auth_store.h"
@@ -29,6 +30,7 @@
 #include "server/listen_config.h"
 #include "server/metrics.h"
 #include "server/offline_tokens.h"
+#include "server/process_metrics.h"
 #include "server/service.h"
 #include "server/store.h"
 #include "server/worker_cgroups.h"
@@ -320,11 +322,13 @@ int main(int argc, char** argv) {
     return 1;
   }
   ftd::server::Metrics metrics;
+  auto process_metrics = std::make_shared<ftd::server::ProcessCollector>(FTD_VERSION, FTD_COMMIT);
   std::unique_ptr<prometheus::Exposer> exposer;
   if (!metrics_listen.empty()) {
     try {
       exposer = std::make_unique<prometheus::Exposer>(metrics_listen);
       exposer->RegisterCollectable(metrics.registry());
+      exposer->RegisterCollectable(process_metrics);
     } catch (const std::exception& e) {
       std::cerr << "ftd: cannot serve metrics on --metrics-listen " << metrics_listen << ": " << e.what() << "\n";
       return 1;

@@ -153,11 +153,23 @@ void Metrics::GpuShare(int gpu, int jobs, int64_t predicted_bytes) {
 
 void Metrics::UnrecordedOutcomes(int64_t n) { unrecorded_->Add({}).Set(static_cast<double>(n)); }
 
+namespace {
+void RemoveSeries(prometheus::Family<prometheus::Gauge>* f, const prometheus::Labels& l) {
+  if (f->Has(l)) f->Remove(&f->Add(l));
+}
+}  // namespace
+
+// The last job's loss, step time, memory, power... would otherwise stay on the slot's series and
+// draw a flat line for an idle GPU: they are removed (a gap on a dashboard), and tokens/s reads 0.
+// Counters stay: they count what the slot did.
 void Metrics::SlotIdle(const std::string& slot) {
   for (const char* ks : ftd::spec::kKernelSetNames) {
-    const std::map<std::string, std::string> l = {{"slot", slot}, {"kernel_set", ks}};
+    const prometheus::Labels l = {{"slot", slot}, {"kernel_set", ks}};
     tokens_per_s_->Add(l).Set(0);
+    for (auto* f : {step_time_, loss_, eval_loss_, mfu_, joules_per_token_}) RemoveSeries(f, l);
   }
+  for (const char* kind : {"gpu_allocated", "gpu_reserved", "host_rss"}) RemoveSeries(peak_mem_, {{"slot", slot}, {"kind", kind}});
+  for (auto* f : {power_, utilization_, gpu_memory_used_}) RemoveSeries(f, {{"slot", slot}});
 }
 
 }  // namespace ftd::server

@@ -295,6 +295,7 @@ def active_alerts(prom):
 
 def test_prometheus_scrapes_ftd_and_evaluates_every_dashboard_and_alert_expression(tmp_path):
     tool("prometheus")  # fail before starting anything when it is missing
+    started = time.time()
     d = Daemon(tmp_path, scripts={"oom-job": OOM_SCRIPT})
     prom = None
     try:
@@ -348,6 +349,9 @@ def test_prometheus_scrapes_ftd_and_evaluates_every_dashboard_and_alert_expressi
             'ftd_jobs{job="ftd", state="running"}': 0,
             'ftd_job_queue_wait_seconds_count{job="ftd"}': 4,
             f"ftd_worker_tokens_per_second{sel}": 0,  # the slot is idle again
+            f"ftd_worker_loss{sel}": None,  # and the last job's loss is not drawn on as a flat line
+            f"ftd_worker_step_time_seconds{sel}": None,
+            'ftd_worker_peak_memory_bytes{job="ftd", slot="cpu", kind="host_rss"}': None,
         }
         seen = {}
 
@@ -361,7 +365,15 @@ def test_prometheus_scrapes_ftd_and_evaluates_every_dashboard_and_alert_expressi
         m = d.metrics()
         assert m[("ftd_worker_steps_total", (("kernel_set", "eager"), ("slot", "cpu")))] == job_steps
         assert m[("ftd_job_completions_total", (("outcome", "gpu_out_of_memory"), ("state", "failed")))] == 1
-        assert prom.value(f"ftd_worker_loss{sel}") > 0
+        # The process series client libraries export by default, and the build.
+        assert prom.value('process_open_fds{job="ftd"}') >= 3
+        assert 0 < prom.value('process_max_fds{job="ftd"}')
+        assert 1 << 20 < prom.value('process_resident_memory_bytes{job="ftd"}') < prom.value('process_virtual_memory_bytes{job="ftd"}')
+        assert prom.value('process_cpu_seconds_total{job="ftd"}') > 0
+        assert started - 5 < prom.value('process_start_time_seconds{job="ftd"}') < started + 5
+        version = re.search(r"project\(ftd VERSION ([0-9.]+)", (ROOT / "CMakeLists.txt").read_text()).group(1)
+        [info] = prom.query('ftd_build_info{job="ftd"}')
+        assert info["metric"]["version"] == version and info["metric"]["commit"] and float(info["value"][1]) == 1
         assert prom.value('ftd_profile_device_seconds_per_step{job="ftd", category="matmul", kernel_set="eager"}') > 0
 
         # The rule file loaded: its groups and rules, each evaluated without error.
