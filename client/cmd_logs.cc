@@ -1,4 +1,5 @@
-// ftctl logs ID [-f] [--tail BYTES]
+// ftctl logs ID [-f] [--tail BYTES]: a follow survives a daemon restart (it resumes at the byte offset
+// after the last one printed).
 #include <iostream>
 
 #include "client/commands.h"
@@ -18,7 +19,18 @@ Command AddLogs(CLI::App& app) {
             req->set_id(*id);
             req->set_follow(*follow);
             req->set_tail_bytes(*tail);
-            auto st = ctx.client().Logs(*req, [](const std::string& data) { std::cout << data << std::flush; });
+            bool reconnecting = false;
+            auto st = ctx.client().Logs(
+                *req, [](const std::string& data) { std::cout << data << std::flush; },
+                [&](ConnectionEvent c, const std::string& why) {
+                  if (c == ConnectionEvent::kLost && !reconnecting) {
+                    std::cerr << "ftctl: lost the connection to ftd (" << why << "); reconnecting for up to "
+                              << ctx.client().options().timeout.count() / 1000.0 << " s" << std::endl;
+                  } else if (c == ConnectionEvent::kRestored && reconnecting) {
+                    std::cerr << "ftctl: reconnected; the log goes on from where it stopped" << std::endl;
+                  }
+                  reconnecting = c == ConnectionEvent::kLost;
+                });
             if (!st.ok()) return Fail(st);
             return kExitOk;
           }};

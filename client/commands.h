@@ -28,6 +28,7 @@ Command AddResubmit(CLI::App& app);
 Command AddPause(CLI::App& app);
 Command AddResume(CLI::App& app);
 Command AddScheduler(CLI::App& app);
+Command AddPrepare(CLI::App& app);
 
 // A PROFILE job's report once it has one (profile, compare); FAILED_PRECONDITION saying why not.
 absl::StatusOr<ftd::v1::ProfileReport> FetchProfile(JobClient& client, const std::string& id);

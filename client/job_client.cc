@@ -23,6 +23,17 @@ std::chrono::milliseconds Backoff(int attempt) {
   return std::chrono::milliseconds(std::min(1000, 50 << std::min(attempt, 5)));
 }
 
+// A stream that ended this way may go on once ftd is back (a restart, a dropped connection).
+bool ConnectionLost(const grpc::Status& st) {
+  switch (st.error_code()) {
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::CANCELLED:
+    case grpc::StatusCode::INTERNAL:
+    case grpc::StatusCode::UNKNOWN: return true;
+    default: return false;
+  }
+}
+
 std::string Seconds(std::chrono::milliseconds d) { return absl::StrFormat("%.3g s", d.count() / 1000.0); }
 
 // gRPC's reason for a failed connection, in a few words.
@@ -109,6 +120,20 @@ JobClient::JobClient(ClientOptions opts) : opts_(std::move(opts)) {
 
 void JobClient::Prepare(grpc::ClientContext* ctx) const {
   if (!opts_.token.empty()) ctx->AddMetadata("authorization", "Bearer " + opts_.token);
+}
+
+absl::Status JobClient::AwaitReconnect(std::optional<Clock::time_point>* lost_since, const std::string& why,
+                                       const std::string& again,
+                                       const std::function<void(ConnectionEvent, const std::string&)>& on_connection) {
+  if (!lost_since->has_value()) return absl::OkStatus();
+  if (!WaitConnected(**lost_since + opts_.timeout)) {
+    if (interrupted_) return absl::CancelledError("interrupted");
+    return absl::UnavailableError(absl::StrCat("lost ftd at ", opts_.address, " for more than ", Seconds(opts_.timeout),
+                                               " (", why, "); ", again, " (--timeout sets how long to wait for ftd)"));
+  }
+  lost_since->reset();
+  if (on_connection) on_connection(ConnectionEvent::kRestored, "");
+  return absl::OkStatus();
 }
 
 bool JobClient::WaitConnected(Clock::time_point deadline) {
@@ -267,26 +292,45 @@ absl::StatusOr<ftd::v1::SchedulerState> JobClient::Scheduler(SchedulerAction act
   });
 }
 
-absl::Status JobClient::Logs(const ftd::v1::GetLogsRequest& req,
-                             const std::function<void(const std::string&)>& on_data) {
+absl::Status JobClient::Logs(const ftd::v1::GetLogsRequest& request,
+                             const std::function<void(const std::string&)>& on_data,
+                             const std::function<void(ConnectionEvent, const std::string&)>& on_connection) {
   if (auto st = EnsureContact(); !st.ok()) return st;
-  grpc::ClientContext ctx;
-  if (!req.follow()) ctx.set_deadline(Clock::now() + std::max(opts_.timeout, std::chrono::milliseconds(600000)));
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    if (interrupted_) return absl::CancelledError("interrupted");
-    active_ = &ctx;
+  ftd::v1::GetLogsRequest req = request;
+  std::optional<Clock::time_point> lost_since;  // set while the connection is lost
+  std::string lost_why;
+  for (int attempt = 0;; ++attempt) {
+    const std::string again = absl::StrCat("follow the log again with ftctl logs -f ", req.id());
+    if (auto st = AwaitReconnect(&lost_since, lost_why, again, on_connection); !st.ok()) return st;
+    grpc::ClientContext ctx;
+    Prepare(&ctx);
+    if (!req.follow()) ctx.set_deadline(Clock::now() + std::max(opts_.timeout, std::chrono::milliseconds(600000)));
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (interrupted_) return absl::CancelledError("interrupted");
+      active_ = &ctx;
+    }
+    auto reader = stub_->GetLogs(&ctx, req);
+    ftd::v1::LogChunk chunk;
+    while (reader->Read(&chunk)) {
+      attempt = 0;
+      // A resumed stream starts at the byte after the last one shown.
+      req.set_offset(chunk.offset() + static_cast<int64_t>(chunk.data().size()));
+      req.set_tail_bytes(0);
+      on_data(chunk.data());
+    }
+    const grpc::Status st = reader->Finish();
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      active_ = nullptr;
+      if (interrupted_) return absl::CancelledError("interrupted");
+    }
+    if (st.ok() || !req.follow() || !ConnectionLost(st)) return FromGrpc(st);
+    lost_since = Clock::now();
+    lost_why = st.error_message();
+    if (on_connection) on_connection(ConnectionEvent::kLost, lost_why);
+    std::this_thread::sleep_for(Backoff(attempt));
   }
-  auto reader = stub_->GetLogs(&ctx, req);
-  ftd::v1::LogChunk chunk;
-  while (reader->Read(&chunk)) on_data(chunk.data());
-  const grpc::Status st = reader->Finish();
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    active_ = nullptr;
-    if (interrupted_) return absl::CancelledError("interrupted");
-  }
-  return FromGrpc(st);
 }
 
 absl::Status JobClient::DownloadTrace(const std::string& id, std::ostream& out, int64_t* bytes) {
@@ -338,18 +382,10 @@ absl::Status JobClient::Watch(const std::string& id, int64_t after_seq,
   std::optional<Clock::time_point> lost_since;  // set while the connection is lost
   std::string lost_why;
   for (int attempt = 0;; ++attempt) {
-    if (lost_since) {
-      // Reconnect first: the stream below then starts on a live connection, and a quiet job (no
-      // event for a long time) is not mistaken for an unreachable daemon.
-      if (!WaitConnected(*lost_since + opts_.timeout)) {
-        if (interrupted_) return absl::CancelledError("interrupted");
-        return absl::UnavailableError(absl::StrCat("lost ftd at ", opts_.address, " for more than ", Seconds(opts_.timeout),
-                                                   " (", lost_why, "); the job goes on: watch it again with ftctl watch ",
-                                                   id, " (--timeout sets how long to wait for ftd)"));
-      }
-      lost_since.reset();
-      if (on_connection) on_connection(ConnectionEvent::kRestored, "");
-    }
+    // Reconnect first: the stream below then starts on a live connection, and a quiet job (no event
+    // for a long time) is not mistaken for an unreachable daemon.
+    const std::string again = absl::StrCat("the job goes on: watch it again with ftctl watch ", id);
+    if (auto st = AwaitReconnect(&lost_since, lost_why, again, on_connection); !st.ok()) return st;
     grpc::ClientContext ctx;
     Prepare(&ctx);
     ctx.set_wait_for_ready(true);
@@ -380,10 +416,7 @@ absl::Status JobClient::Watch(const std::string& id, int64_t after_seq,
     }
     if (st.ok() && got_result) return absl::OkStatus();
     if (st.ok() || st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) continue;  // renewal: resume after the last event
-    if (st.error_code() != grpc::StatusCode::UNAVAILABLE && st.error_code() != grpc::StatusCode::CANCELLED &&
-        st.error_code() != grpc::StatusCode::INTERNAL && st.error_code() != grpc::StatusCode::UNKNOWN) {
-      return FromGrpc(st);  // NOT_FOUND, INVALID_ARGUMENT, ...: retrying cannot help
-    }
+    if (!ConnectionLost(st)) return FromGrpc(st);  // NOT_FOUND, INVALID_ARGUMENT, ...: retrying cannot help
     lost_since = Clock::now();
     lost_why = st.error_message();
     if (on_connection) on_connection(ConnectionEvent::kLost, lost_why);

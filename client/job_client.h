@@ -16,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <ostream>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -57,8 +58,10 @@ class JobClient {
   enum class SchedulerAction { kGet, kPause, kResume };
   absl::StatusOr<ftd::v1::SchedulerState> Scheduler(SchedulerAction action);
   // Streams the job's log to `on_data`; with `follow`, until the job has ended (no deadline: Ctrl-C
-  // ends it).
-  absl::Status Logs(const ftd::v1::GetLogsRequest& req, const std::function<void(const std::string&)>& on_data);
+  // ends it). A follow that loses ftd reconnects for up to `timeout` and goes on from the byte after
+  // the last one received, so no line is lost or repeated; `on_connection` hears of each loss.
+  absl::Status Logs(const ftd::v1::GetLogsRequest& req, const std::function<void(const std::string&)>& on_data,
+                    const std::function<void(ConnectionEvent, const std::string& why)>& on_connection = {});
 
   // Streams the job's events after `after_seq` to `on_event` until the final result has been
   // delivered (returns OK), the job does not exist (NOT_FOUND), the watch is interrupted (CANCELLED)
@@ -87,6 +90,12 @@ class JobClient {
   absl::Status EnsureContact();
   // Waits for the channel to be connected until `deadline` (false: not connected, or interrupted).
   bool WaitConnected(std::chrono::system_clock::time_point deadline);
+  // After a stream lost ftd at *lost_since (unset: it was not lost, OK at once): waits for it for up
+  // to the timeout. OK (unsetting it, telling `on_connection` kRestored) once it is back; else
+  // CANCELLED (interrupted) or UNAVAILABLE saying `why` and `again` (what to run to go on).
+  absl::Status AwaitReconnect(std::optional<std::chrono::system_clock::time_point>* lost_since, const std::string& why,
+                              const std::string& again,
+                              const std::function<void(ConnectionEvent, const std::string&)>& on_connection);
   absl::Status Unreachable(const std::string& why) const;
   template <typename Resp, typename Call>
   absl::StatusOr<Resp> Unary(Call&& call);

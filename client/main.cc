@@ -27,7 +27,7 @@ int main(int argc, char** argv) {
                                          AddCancel(app), AddWait(app),    AddProfile(app), AddCompare(app),
                                          AddCompletion(app), AddWhoAmI(app),  AddAdmin(app),  AddLogs(app),
                                          AddDelete(app),  AddPrune(app),   AddResubmit(app), AddPause(app),
-                                         AddResume(app),  AddScheduler(app)};
+                                         AddResume(app),  AddScheduler(app), AddPrepare(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --version

@@ -185,6 +185,14 @@ std::string JobsTable(const std::vector<Job>& jobs, int64_t now_unix_ms) {
   return out;
 }
 
+std::string PhaseText(const ftd::v1::JobPhase& p) {
+  std::string out = absl::StrCat(p.phase(), " after step ", p.after_step(), ": ",
+                                 FormatBytes(static_cast<uint64_t>(std::max<int64_t>(p.done_bytes(), 0))), " of ",
+                                 FormatBytes(static_cast<uint64_t>(std::max<int64_t>(p.total_bytes(), 0))));
+  if (p.has_eta_s()) absl::StrAppend(&out, ", about ", FormatDuration(std::ceil(p.eta_s())), " left");
+  return out;
+}
+
 std::string JobText(const Job& j, int64_t now_unix_ms) {
   std::vector<std::pair<std::string, std::string>> kv = {
       {"id", j.id()},
@@ -209,6 +217,7 @@ std::string JobText(const Job& j, int64_t now_unix_ms) {
   if (const double run_s = JobDurationS(j, now_unix_ms); run_s >= 0) {
     kv.emplace_back("duration", absl::StrCat(FormatDuration(run_s), j.finished_unix_ms() > 0 ? "" : " so far"));
   }
+  if (j.has_phase() && !j.phase().phase().empty()) kv.emplace_back("phase", PhaseText(j.phase()));
   if (j.has_last_step() && j.last_step().step() > 0) {
     JobEvent e;
     *e.mutable_step() = j.last_step();

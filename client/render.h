@@ -24,6 +24,9 @@ double JobDurationS(const ftd::v1::Job& job, int64_t now_unix_ms);
 // A table: ID NAME STATE REASON KIND STEP LOSS AGE DURATION PRI OWNER, columns sized to their
 // content; AGE and DURATION are as of `now_unix_ms`.
 std::string JobsTable(const std::vector<ftd::v1::Job>& jobs, int64_t now_unix_ms);
+// A running job's long phase outside its steps: "save_checkpoint after step 4: 12.0 GiB of 48.0 GiB,
+// about 26s left".
+std::string PhaseText(const ftd::v1::JobPhase& p);
 // "key: value" lines describing one job (its duration as of `now_unix_ms`).
 std::string JobText(const ftd::v1::Job& job, int64_t now_unix_ms);
 // One line per event: state changes, steps (step/total, loss, tokens/s, memory, ETA), logs, result.

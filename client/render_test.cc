@@ -119,6 +119,21 @@ TEST(Render, TerminalColumnsFallsBackToColumnsThen80) {
   EXPECT_EQ(TerminalColumns(not_a_terminal), 80);
 }
 
+TEST(Render, GetShowsACheckpointWriteWithItsPredictedEnd) {
+  ftd::v1::Job j;
+  j.set_state(ftd::v1::RUNNING);
+  EXPECT_EQ(JobText(j, 0).find("phase:"), std::string::npos);
+  auto* p = j.mutable_phase();
+  p->set_phase("save_checkpoint");
+  p->set_after_step(4);
+  p->set_done_bytes(int64_t{12} << 30);
+  p->set_total_bytes(int64_t{48} << 30);
+  EXPECT_NE(JobText(j, 0).find("phase:          save_checkpoint after step 4: 12.0 GiB of 48.0 GiB\n"),
+            std::string::npos) << JobText(j, 0);
+  p->set_eta_s(25.2);
+  EXPECT_NE(JobText(j, 0).find("12.0 GiB of 48.0 GiB, about 26s left\n"), std::string::npos) << JobText(j, 0);
+}
+
 TEST(Render, TableColumnsLineUp) {
   ftd::v1::Job a, b;
   a.set_id("j-000001");

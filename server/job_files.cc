@@ -1,6 +1,7 @@
 #include "server/job_files.h"
 
 #include <charconv>
+#include <cmath>
 #include <filesystem>
 #include <system_error>
 
@@ -99,6 +100,13 @@ std::string StepLine(const ftd::v1::StepReport& s) {
   absl::StrAppend(&line, absl::StrFormat(" loss %.4f lr %.3g grad_norm %.3g %.0f tok/s %.3fs/step", s.loss(), s.lr(),
                                          s.grad_norm(), s.tokens_per_s(), s.step_time_s()));
   return line;
+}
+
+std::string CheckpointWriteNote(const ftd::v1::PhaseProgress& p) {
+  constexpr double kGiB = 1 << 30;
+  return absl::StrFormat("writing the checkpoint after step %d: %.1f of %.1f GiB, about %.0fs left", p.step(),
+                         static_cast<double>(p.done_bytes()) / kGiB, static_cast<double>(p.total_bytes()) / kGiB,
+                         std::ceil(p.eta_s()));
 }
 
 }  // namespace ftd::server

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "ftd/v1/job_spec.pb.h"
+#include "ftd/v1/worker.pb.h"
 
 namespace ftd::server {
 
@@ -33,5 +34,8 @@ int64_t RemovePartialCheckpoints(const std::string& dir);
 
 // One line of a job's log for a step report: "[ftd] step 10/100 loss 2.3456 lr 1e-04 1234 tok/s".
 std::string StepLine(const ftd::v1::StepReport& step);
+// What a job's log and events say once a checkpoint write has a predicted end: "writing the
+// checkpoint after step 4: 12.0 of 48.0 GiB, about 25s left".
+std::string CheckpointWriteNote(const ftd::v1::PhaseProgress& p);
 
 }  // namespace ftd::server

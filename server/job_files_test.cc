@@ -92,6 +92,35 @@ TEST_F(JobFilesTest, TheLogReaderFollowsAGrowingFileAndTailsFromAWholeLine) {
   EXPECT_EQ(exact.Read(1 << 20), "three\nfour\n");
 }
 
+TEST_F(JobFilesTest, TheLogReaderResumesAtAnOffsetAndSaysWhereItIs) {
+  const fs::path log = dir_ / "worker.log";
+  LogReader later(log.string(), 0, 8);  // a follow resumed at byte 8, before the file exists
+  EXPECT_EQ(later.Read(1 << 20), "");
+  Write(log, "one\ntwo\nthree\n");
+  EXPECT_EQ(later.position(), 8);
+  EXPECT_EQ(later.Read(1 << 20), "three\n");
+  EXPECT_EQ(later.position(), 14);
+  LogReader tail(log.string(), 8);
+  EXPECT_EQ(tail.position(), 8) << "the tail's first whole line";
+  LogReader both(log.string(), 100, 4);  // an offset wins over tail_bytes
+  EXPECT_EQ(both.Read(3), "two");
+  EXPECT_EQ(both.position(), 7);
+  LogReader past(log.string(), 0, 20);  // beyond the end: nothing until the file grows there
+  EXPECT_EQ(past.Read(1 << 20), "");
+  std::ofstream(log, std::ios::app) << "four\nfive\n";
+  EXPECT_EQ(past.Read(1 << 20), "ive\n");  // "four\n" ends at byte 19
+}
+
+TEST(CheckpointWriteNote, SaysTheBytesAndThePredictedTimeLeft) {
+  ftd::v1::PhaseProgress p;
+  p.set_phase("save_checkpoint");
+  p.set_step(120);
+  p.set_done_bytes(int64_t{3} << 29);
+  p.set_total_bytes(int64_t{48} << 30);
+  p.set_eta_s(41.2);
+  EXPECT_EQ(CheckpointWriteNote(p), "writing the checkpoint after step 120: 1.5 of 48.0 GiB, about 42s left");
+}
+
 TEST(StepLine, SaysTheStepAndItsNumbers) {
   ftd::v1::StepReport s;
   s.set_step(10);

@@ -1,10 +1,15 @@
 #include "server/job_log.h"
 
+#include <algorithm>
+
 #include "server/job_manager.h"
 
 namespace ftd::server {
 
-LogReader::LogReader(std::string path, int64_t tail_bytes) : path_(std::move(path)), tail_(tail_bytes) { Open(); }
+LogReader::LogReader(std::string path, int64_t tail_bytes, int64_t offset)
+    : path_(std::move(path)), tail_(offset > 0 ? 0 : tail_bytes), pos_(std::max<int64_t>(offset, 0)) {
+  Open();
+}
 
 LogReader::~LogReader() {
   if (f_ != nullptr) std::fclose(f_);
@@ -14,6 +19,11 @@ bool LogReader::Open() {
   if (f_ != nullptr) return true;
   f_ = std::fopen(path_.c_str(), "rbe");
   if (f_ == nullptr) return false;
+  if (pos_ > 0) {
+    // A resumed follow: where the previous stream stopped (past the end for now reads nothing yet).
+    std::fseek(f_, static_cast<long>(pos_), SEEK_SET);
+    return true;
+  }
   if (tail_ > 0 && std::fseek(f_, 0, SEEK_END) == 0) {
     const long size = std::ftell(f_);
     if (size > tail_) {
@@ -24,6 +34,7 @@ bool LogReader::Open() {
     } else {
       std::fseek(f_, 0, SEEK_SET);
     }
+    pos_ = std::ftell(f_);
   }
   return true;
 }
@@ -33,17 +44,20 @@ std::string LogReader::Read(size_t max) {
   std::string buf(max, '\0');
   const size_t n = std::fread(buf.data(), 1, max, f_);
   buf.resize(n);
+  pos_ += static_cast<int64_t>(n);
   if (n < max) std::clearerr(f_);  // at the end for now: later reads see what is appended
   return buf;
 }
 
-absl::Status StreamJobLog(JobManager* m, const std::string& id, bool follow, int64_t tail_bytes,
-                          const std::function<bool(std::string_view)>& sink, const std::function<bool()>& stop) {
+absl::Status StreamJobLog(JobManager* m, const std::string& id, bool follow, int64_t tail_bytes, int64_t offset,
+                          const std::function<bool(int64_t, std::string_view)>& sink,
+                          const std::function<bool()>& stop) {
   if (tail_bytes < 0) return absl::InvalidArgumentError("tail_bytes must be >= 0");
+  if (offset < 0) return absl::InvalidArgumentError("offset must be >= 0");
   auto sub = m->Subscribe(id);  // before the first read: nothing appended after it goes unnoticed
   auto log = m->Log(id);
   if (!log.ok()) return log.status();
-  LogReader reader(log->path, tail_bytes);
+  LogReader reader(log->path, tail_bytes, offset);
   constexpr size_t kChunk = 1 << 20;
   for (;;) {
     if (stop()) return absl::CancelledError("stopped");
@@ -51,9 +65,10 @@ absl::Status StreamJobLog(JobManager* m, const std::string& id, bool follow, int
     auto now = m->Log(id);
     if (!now.ok()) return now.status();
     const bool ended = now->ended;
+    const int64_t at = reader.position();
     std::string data = reader.Read(kChunk);
     if (!data.empty()) {
-      if (!sink(data)) return absl::CancelledError("client went away");
+      if (!sink(at, data)) return absl::CancelledError("client went away");
       continue;
     }
     if (!follow || ended) return absl::OkStatus();

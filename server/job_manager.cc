@@ -1,5 +1,7 @@
 #include "server/job_manager.h"
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -525,6 +527,9 @@ std::string GiB(int64_t b) { return absl::StrFormat("%.1f GiB", static_cast<doub
 
 void JobManager::AnnotateLocked(Job* job, const QueueView& view) const {
   job->set_queue_position(0);
+  if (auto it = phases_.find(job->id()); it != phases_.end() && job->state() == ftd::v1::RUNNING) {
+    *job->mutable_phase() = it->second;
+  }
   if (job->state() != ftd::v1::QUEUED) return;
   auto spot_it = view.spots.find(job->id());
   const QueueSpot spot = spot_it != view.spots.end() ? spot_it->second : QueueSpot{queue_.Position(job->id()), 0, 0};
@@ -1112,13 +1117,45 @@ absl::StatusOr<bool> JobManager::OnWorkerMessage(const ftd::v1::WorkerMessage& m
   if ((msg.has_step() || (msg.has_progress() && msg.progress().phase() == "save_checkpoint")) &&
       (a->cancel || a->drain) && a->pid > 0 && StopModeLocked(*a) == StopMode::kCheckpoint) {
     // A worker stopping with a checkpoint is not killed while it finishes its step and writes.
+    // The postponement covers the write's predicted end where the worker has one.
     a->progress_ms = a->last_seen_ms;
-    launcher_->Postpone(a->pid, std::chrono::milliseconds(cfg_.grace_ms));
+    int64_t wait_ms = cfg_.grace_ms;
+    if (msg.has_progress() && msg.progress().has_eta_s() && std::isfinite(msg.progress().eta_s())) {
+      wait_ms = std::max<int64_t>(wait_ms, static_cast<int64_t>(std::min(msg.progress().eta_s(), 86400.0) * 1500));
+    }
+    launcher_->Postpone(a->pid, std::chrono::milliseconds(wait_ms));
   }
   if (msg.has_step()) AppendToLog(hello.job_id(), StepLine(msg.step()));
-  if (msg.has_step() || msg.has_log() || msg.has_profile()) {
+  // A checkpoint write's predicted end, said once per write (the first report that has one).
+  std::optional<std::string> note;
+  if (msg.has_progress() && msg.progress().phase() == "save_checkpoint") {
+    const auto& p = msg.progress();
+    if (p.done_bytes() == 0) a->write_noted = false;
+    if (p.has_eta_s() && !a->write_noted && p.done_bytes() < p.total_bytes()) {
+      a->write_noted = true;
+      note = CheckpointWriteNote(p);
+      AppendToLog(hello.job_id(), absl::StrCat("[ftd] ", *note));
+    }
+  }
+  if (msg.has_step() || msg.has_progress()) {
+    std::lock_guard<std::mutex> view(view_mu_);
+    if (msg.has_step() || msg.progress().phase() == "train") {
+      phases_.erase(hello.job_id());
+    } else {
+      const auto& p = msg.progress();
+      ftd::v1::JobPhase& ph = phases_[hello.job_id()];
+      ph.set_phase(Clip(p.phase(), 64));
+      ph.set_done_bytes(p.done_bytes());
+      ph.set_total_bytes(p.total_bytes());
+      ph.set_after_step(p.step());
+      if (p.has_eta_s()) ph.set_eta_s(p.eta_s()); else ph.clear_eta_s();
+    }
+  }
+  if (msg.has_step() || msg.has_log() || msg.has_profile() || note) {
     JobEvent e;
-    if (msg.has_step()) {
+    if (note) {
+      e.set_log(*note);
+    } else if (msg.has_step()) {
       *e.mutable_step() = msg.step();
       metrics_->Step(a->slot, a->kernel_set, msg.step(), a->totals.Advance(msg.step()));
     } else if (msg.has_profile()) {
@@ -1230,6 +1267,7 @@ bool JobManager::FinishLocked(Attempt& a, const WorkerEnd& end) {
     metrics_->SlotIdle(a.slot);
     slot_use_.erase(a.slot);
     used = usage_.Close(a.job_id, a.ended_ms);
+    phases_.erase(a.job_id);
   }
   // The usage record is history for quotas and fair share; a failed write costs that history only.
   if (used.gpus > 0) {

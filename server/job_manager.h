@@ -202,6 +202,7 @@ class JobManager {
     std::optional<WorkerEnd> unrecorded;  // ended, but the outcome is not in the store yet
     int unrecorded_tries = 0;     // failed writes of that outcome
     bool event_dropped = false;   // a report of it could not be stored
+    bool write_noted = false;     // the current checkpoint write's predicted end was logged
   };
 
   // Submit; `prepare` runs under mu_ once the job is stored and before it can start (a resumed job's
@@ -266,6 +267,7 @@ class JobManager {
   std::map<std::string, SlotUse> slot_use_;  // busy slots
   UsageLedger usage_;                        // GPU time by owner (quotas, fair share)
   std::string waits_for_memory_;             // the job the last round left waiting for GPU memory
+  std::map<std::string, ftd::v1::JobPhase> phases_;  // job id -> the long phase its worker is in (Job.phase)
   std::map<ftd::v1::JobState, int64_t> counts_;    // jobs in the store by state (the ftd_jobs gauge)
   bool draining_ = false;
   std::atomic<bool> paused_{false};

@@ -1276,6 +1276,47 @@ TEST_F(JobManagerTest, CancelStopsWithoutACheckpointUnlessAskedAndProgressPostpo
   EXPECT_EQ(Get(b).state(), ftd::v1::CANCELLED);
 }
 
+TEST_F(JobManagerTest, ACheckpointWriteShowsInGetWithItsPredictedEndWhichThePostponementCovers) {
+  auto& m = Make();
+  const std::string a = Submit("big");
+  const LaunchRequest la = StartNext();
+  ASSERT_TRUE(Step(la, 4).ok());
+  EXPECT_FALSE(Get(a).has_phase());
+  auto progress = [](int64_t done, std::optional<double> eta) {
+    auto msg = CheckpointProgress(done, int64_t{48} << 30);
+    msg.mutable_progress()->set_step(4);
+    if (eta) msg.mutable_progress()->set_eta_s(*eta);
+    return msg;
+  };
+  ASSERT_TRUE(Send(la, progress(0, std::nullopt)).ok());  // the first write: no rate measured yet
+  EXPECT_EQ(Get(a).phase().phase(), "save_checkpoint");
+  EXPECT_FALSE(Get(a).phase().has_eta_s());
+  ASSERT_TRUE(Send(la, progress(int64_t{12} << 30, 25.2)).ok());
+  ASSERT_TRUE(Send(la, progress(int64_t{24} << 30, 12.0)).ok());
+  const Job j = Get(a);
+  EXPECT_EQ(j.phase().done_bytes(), int64_t{24} << 30);
+  EXPECT_EQ(j.phase().after_step(), 4);
+  EXPECT_DOUBLE_EQ(j.phase().eta_s(), 12.0);
+  std::vector<std::string> notes;
+  for (const auto& e : EventLog(a)) {
+    if (e.has_log()) notes.push_back(e.log());
+  }
+  EXPECT_EQ(notes, std::vector<std::string>{"writing the checkpoint after step 4: 12.0 of 48.0 GiB, about 26s left"})
+      << "once per write, from the first report with a prediction";
+  // A stop with a checkpoint waits for the predicted end (with a margin), not only the grace period.
+  ASSERT_TRUE(m.Cancel(a, "alice", /*checkpoint=*/true).ok());
+  ASSERT_TRUE(Send(la, progress(int64_t{30} << 30, 10.0)).ok());
+  ASSERT_FALSE(launcher_->postponed.empty());
+  EXPECT_EQ(launcher_->postponed.back(), std::make_pair(launcher_->pids[0], int64_t{15000}));
+  ASSERT_TRUE(Send(la, progress(int64_t{47} << 30, 0.5)).ok());
+  EXPECT_EQ(launcher_->postponed.back(), std::make_pair(launcher_->pids[0], static_cast<int64_t>(cfg_.grace_ms)));
+  ASSERT_TRUE(Step(la, 5).ok());
+  EXPECT_FALSE(Get(a).has_phase()) << "a step ends the phase";
+  ASSERT_TRUE(Send(la, progress(0, 3.0)).ok());
+  launcher_->Exit(la, Exited(5));
+  EXPECT_FALSE(Get(a).has_phase()) << "an ended job has none";
+}
+
 TEST_F(JobManagerTest, PauseAndResumeWithoutARestart) {
   auto& m = Make();
   const std::string a = Submit("a");

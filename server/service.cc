@@ -229,8 +229,9 @@ grpc::Status JobServiceImpl::GetLogs(grpc::ServerContext* ctx, const ftd::v1::Ge
     if (auto st = MayRead(m_, who, req->id(), "read the log of"); !st.ok()) return ToGrpc(st);
     ftd::v1::LogChunk chunk;
     auto st = StreamJobLog(
-        m_, req->id(), req->follow(), req->tail_bytes(),
-        [&](std::string_view data) {
+        m_, req->id(), req->follow(), req->tail_bytes(), req->offset(),
+        [&](int64_t offset, std::string_view data) {
+          chunk.set_offset(offset);
           chunk.set_data(data.data(), data.size());
           return writer->Write(chunk);
         },

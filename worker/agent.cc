@@ -124,15 +124,16 @@ int RunAgent(const AgentOptions& opts, std::atomic<bool>* stop, const std::atomi
     // A load or checkpoint write that moved: sent at once (the daemon postpones a stop's kill while
     // a checkpoint write moves) and kept for the heartbeat thread (the progress watchdog).
     hooks.on_progress = [&](const engine::Progress& p) {
-      moved([&p](ftd::v1::PhaseProgress& pp) {
-        pp.set_phase(engine::ProgressPhaseName(p.phase));
-        pp.set_done_bytes(static_cast<int64_t>(p.done_bytes));
-        pp.set_total_bytes(static_cast<int64_t>(p.total_bytes));
-      });
       ftd::v1::WorkerMessage msg;
-      msg.mutable_progress()->set_phase(engine::ProgressPhaseName(p.phase));
-      msg.mutable_progress()->set_done_bytes(static_cast<int64_t>(p.done_bytes));
-      msg.mutable_progress()->set_total_bytes(static_cast<int64_t>(p.total_bytes));
+      auto* pp = msg.mutable_progress();
+      pp->set_phase(engine::ProgressPhaseName(p.phase));
+      pp->set_done_bytes(static_cast<int64_t>(p.done_bytes));
+      pp->set_total_bytes(static_cast<int64_t>(p.total_bytes));
+      if (p.eta_s >= 0) pp->set_eta_s(p.eta_s);
+      moved([pp](ftd::v1::PhaseProgress& kept) {
+        pp->set_step(kept.step());  // the steps done, as the last step set it
+        kept = *pp;
+      });
       send(msg);
     };
     if (assignment.profile()) {

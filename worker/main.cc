@@ -200,12 +200,12 @@ int Run(const std::string& spec_path, bool use_default, const std::vector<std::s
   hooks.on_log = [](std::string_view line) { std::cerr << "ftd-worker: " << line << std::endl; };
   if (!text) {
     hooks.on_progress = [](const ftd::engine::Progress& p) {
-      std::cout << nlohmann::json{{"event", "progress"},
-                                  {"phase", ftd::engine::ProgressPhaseName(p.phase)},
-                                  {"done_bytes", p.done_bytes},
-                                  {"total_bytes", p.total_bytes}}
-                       .dump()
-                << std::endl;
+      nlohmann::json j{{"event", "progress"},
+                       {"phase", ftd::engine::ProgressPhaseName(p.phase)},
+                       {"done_bytes", p.done_bytes},
+                       {"total_bytes", p.total_bytes}};
+      if (p.eta_s >= 0) j["eta_s"] = p.eta_s;
+      std::cout << j.dump() << std::endl;
     };
   }
   hooks.stop = &g_stop;

@@ -15,7 +15,9 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 import tokenizer_corpus as corpus
-from ftdtest import PARITY, WORKER, max_rel_err, run_worker
+from ftdtest import BUILD, PARITY, WORKER, max_rel_err, run_worker
+
+FTCTL = BUILD / "client" / "ftctl"
 
 torch.set_num_threads(2)
 
@@ -317,6 +319,31 @@ def test_prepare_caches_and_jobs_reuse_it(tok_dir, tmp_path):
     assert result["outcome"] == "SUCCEEDED"
     assert f"reused {first[0]['cache']}" in err
     assert 0 < steps[0]["loss_tokens"] < steps[0]["tokens"]
+
+
+def test_ftctl_prepare_tokenizes_into_the_cache_that_jobs_use(tok_dir, tmp_path):
+    """ftctl prepare runs ftd-worker prepare on the spec as ftctl reads it: YAML, relative paths
+    resolved against the caller's directory, --set applied; bad data exits 2 naming the lines."""
+    write_jsonl(tmp_path / "c.jsonl", chat_examples(5, 40))
+    (tmp_path / "job.yaml").write_text(
+        f"model: {{preset: tiny}}\ndata: {{path: c.jsonl, format: chat, tokenizer_path: {tok_dir}}}\n")
+    run = lambda *a: subprocess.run([str(FTCTL), "prepare", *a], capture_output=True, text=True, timeout=300,
+                                    cwd=tmp_path)
+    p = run("job.yaml", "--set", f"data.cache_dir={json.dumps(str(tmp_path / 'cache'))}")
+    assert p.returncode == 0, p.stderr
+    [first] = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
+    assert first["path"] == str(tmp_path / "c.jsonl") and first["examples"] == 40 and not first["reused"]
+    assert first["cache"].startswith(str(tmp_path / "cache"))
+    # A job's own prepare (the worker's) finds the same entry.
+    _, again = prepare({"model": {"preset": "tiny"}, "data": data_spec(tmp_path / "c.jsonl", "chat", tok_dir, tmp_path)},
+                       tmp_path)
+    assert again[0]["reused"] and again[0]["cache"] == first["cache"]
+    good = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+    write_jsonl(tmp_path / "bad.jsonl", [good, good, {"messages": [{"role": "robot", "content": "x"}]}, good])
+    p = run("job.yaml", "--set", 'data.path="bad.jsonl"', "--set", f"data.cache_dir={json.dumps(str(tmp_path / 'cache'))}")
+    assert p.returncode == 2 and "robot" in p.stderr and "line 3:" in p.stderr, p.stderr
+    p = run("missing.yaml")
+    assert p.returncode == 64 and "missing.yaml" in p.stderr, p.stderr
 
 
 def test_held_out_loss_in_steps_and_result(tok_dir, tmp_path):

@@ -2,9 +2,11 @@
 reuse, attempt counts, logs, delete/prune/retention, resubmit, scheduler pause/resume, cancel with
 and without a checkpoint. Jobs are acted out by ftd-fake-worker where training is beside the point.
 Every wait is bounded."""
+import signal
+import subprocess
 import time
 
-from ftdservice import TINY, Daemon, ftctl, get, submit, wait_for
+from ftdservice import FTCTL, TINY, Daemon, ftctl, get, submit, wait_for
 
 
 def test_a_request_id_reused_with_another_spec_is_refused_and_a_retry_gets_the_same_job(daemon):
@@ -65,6 +67,30 @@ def test_logs_follow_prints_the_workers_output_and_step_lines_until_the_end(tmp_
         assert f"ftd: job {job} QUEUED -> RUNNING (RUNNING): attempt 1 of 3 on cpu" in log
         assert f"ftd: job {job} RUNNING -> SUCCEEDED (SUCCEEDED)" in log
         assert ftctl(d, "logs", "j-999999").returncode == 3
+    finally:
+        d.stop()
+
+
+def test_logs_follow_resumes_across_a_daemon_restart_without_losing_or_repeating_lines(tmp_path):
+    d = Daemon(tmp_path, unix_socket=True,
+               scripts={"steps": {"steps": 30, "step_interval_ms": 200, "result": "SUCCEEDED"}})
+    try:
+        job = submit(d, TINY, "--name", "steps")
+        follow = subprocess.Popen([str(FTCTL), "--addr", d.addr, "logs", "-f", job], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: "[ftd] step 5/30 " in ftctl(d, "logs", job).stdout, 60, "five steps in the log")
+        before = len(ftctl(d, "logs", job).stdout)
+        d.kill(signal.SIGKILL)  # mid-follow, with the job running
+        time.sleep(0.5)
+        d.start()
+        out, err = follow.communicate(timeout=120)
+        assert follow.returncode == 0, err
+        assert "lost the connection to ftd" in err and "reconnected" in err, err
+        whole = ftctl(d, "logs", job).stdout
+        assert len(whole) > before, "the log went on after the restart"
+        # Every byte once, in order: exactly what a read of the whole log gives.
+        assert out == whole
+        assert get(d, job)["state"] in ("SUCCEEDED", "FAILED", "CANCELLED")
     finally:
         d.stop()
 

@@ -1,5 +1,6 @@
 #include "worker/engine/progress.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace ftd::engine {
@@ -37,6 +38,24 @@ void ProgressMeter::Finish() {
 void ProgressMeter::Report() {
   last_ = std::chrono::steady_clock::now();
   if (fn_) fn_(p_);
+}
+
+double WriteEta::Observe(const Progress& p, std::chrono::steady_clock::time_point now) {
+  if (p.done_bytes == 0 || !writing_) {
+    start_ = now;
+    writing_ = true;
+  }
+  const double elapsed = std::chrono::duration<double>(now - start_).count();
+  const double left = static_cast<double>(p.total_bytes - std::min(p.done_bytes, p.total_bytes));
+  if (p.total_bytes > 0 && p.done_bytes >= p.total_bytes) {
+    if (elapsed > 0) rate_ = static_cast<double>(p.total_bytes) / elapsed;
+    writing_ = false;
+    return 0;
+  }
+  if (now - start_ >= settle_ && p.done_bytes > 0 && elapsed > 0) {
+    return left / (static_cast<double>(p.done_bytes) / elapsed);
+  }
+  return rate_ > 0 ? left / rate_ : -1;
 }
 
 }  // namespace ftd::engine

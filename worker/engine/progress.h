@@ -21,6 +21,7 @@ struct Progress {
   ProgressPhase phase = ProgressPhase::kLoadWeights;
   uint64_t done_bytes = 0;   // grows while the phase moves
   uint64_t total_bytes = 0;  // may grow too, as the phase opens what it has to read
+  double eta_s = -1;         // kSaveCheckpoint: predicted seconds left (WriteEta); < 0: no estimate
 };
 
 using ProgressFn = std::function<void(const Progress&)>;
@@ -48,6 +49,25 @@ class ProgressMeter {
   std::chrono::steady_clock::duration interval_;
   std::chrono::steady_clock::time_point last_;
   bool finished_ = false;
+};
+
+// Predicts how long the rest of a checkpoint write takes from its bytes and the measured write rate:
+// this write's own rate once it has run for `settle` (before that the first bytes, landing in the
+// page cache, look faster than the disk), else the rate of the previous complete write, else none.
+// One per run: the rate carries from one checkpoint to the next.
+class WriteEta {
+ public:
+  explicit WriteEta(std::chrono::steady_clock::duration settle = std::chrono::seconds(1)) : settle_(settle) {}
+  // Seconds left of the write `p` reports, seen at `now` (< 0: no estimate yet). A report with done
+  // 0 starts a write; done == total ends it and records its rate.
+  double Observe(const Progress& p, std::chrono::steady_clock::time_point now);
+  double bytes_per_s() const { return rate_; }  // of the last complete write; 0 before the first
+
+ private:
+  std::chrono::steady_clock::duration settle_;
+  std::chrono::steady_clock::time_point start_{};
+  bool writing_ = false;
+  double rate_ = 0;
 };
 
 }  // namespace ftd::engine

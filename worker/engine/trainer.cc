@@ -136,6 +136,7 @@ class TrainingRun {
   std::optional<AdamW> opt_;
   TrainerState state_;
   int64_t saved_step_ = -1;  // the step of the checkpoint last written or resumed from
+  WriteEta write_eta_;        // predicts each checkpoint write from the rate of the ones before
   double peak_flops_ = 0, flops_per_token_ = 0;
   int64_t tokens_per_step_ = 0;
   MicroBatch host_;
@@ -299,12 +300,23 @@ bool TrainingRun::Checkpoint() {
   if (state_.step == saved_step_ && (!merged || std::filesystem::exists(sum_.last_checkpoint + "/merged"))) {
     return true;
   }
-  auto dir = SaveCheckpoint(cfg_.checkpoint.dir, state_, *model_, *opt_, cfg_.checkpoint.keep_last, merged,
-                            hooks_.on_progress);
+  // Each write's progress carries the predicted time left (the daemon waits that long for a
+  // stopping worker, and ftctl shows it).
+  ProgressFn progress;
+  if (hooks_.on_progress) {
+    progress = [this](const Progress& p) {
+      Progress with_eta = p;
+      with_eta.eta_s = write_eta_.Observe(p, std::chrono::steady_clock::now());
+      hooks_.on_progress(with_eta);
+    };
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  auto dir = SaveCheckpoint(cfg_.checkpoint.dir, state_, *model_, *opt_, cfg_.checkpoint.keep_last, merged, progress);
   if (!dir.ok()) return Fail(Outcome::kFailed, std::string(dir.status().message()));
   sum_.last_checkpoint = *dir;
   saved_step_ = state_.step;
-  Log(absl::StrCat("checkpoint ", *dir));
+  Log(absl::StrFormat("checkpoint %s (written in %.1f s)", *dir,
+                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()));
   return true;
 }
 
