@@ -172,8 +172,11 @@ torch::Tensor MatmulNT(const Fp8Tensor& a, const Fp8Tensor& b, torch::ScalarType
   TORCH_CHECK(!(a.data.scalar_type() == torch::kFloat8_e5m2 && b.data.scalar_type() == torch::kFloat8_e5m2),
               "fp8 matmul: E5M2 x E5M2 is not supported by cuBLASLt");
   // b.t() is b^T in column-major order, the layout cuBLASLt's FP8 GEMM takes for its second operand.
-  return at::_scaled_mm(a.data.contiguous(), b.data.contiguous().t(), a.scale_inv, b.scale_inv, std::nullopt,
-                        std::nullopt, out_dtype, /*use_fast_accum=*/false);
+  // cuBLASLt refuses (CUBLAS_STATUS_NOT_SUPPORTED) a scale pointer that is not 16-byte aligned, and
+  // scale_inv views the second element of its stats buffer: hand it a copy of its own.
+  auto aligned = [](const torch::Tensor& s) { return s.storage_offset() == 0 ? s : s.clone(); };
+  return at::_scaled_mm(a.data.contiguous(), b.data.contiguous().t(), aligned(a.scale_inv), aligned(b.scale_inv),
+                        std::nullopt, std::nullopt, out_dtype, /*use_fast_accum=*/false);
 }
 
 const Fp8Tensor& WeightCache::Get(const torch::Tensor& w) {
