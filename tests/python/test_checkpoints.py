@@ -5,6 +5,7 @@ into LibTorch's copy of libstdc++ and crashed (docs/building.md).
 
 The device comes from FTD_TEST_DEVICE (default cpu); ctest runs this file a second time on CUDA
 as checkpoint_gpu_test (label gpu)."""
+import errno
 import json
 import os
 import random
@@ -197,14 +198,21 @@ def test_sigterm_while_reading_the_spec_cancels_cleanly(tmp_path):
     spec = tmp_path / "spec.json"
     os.mkfifo(spec)
     p = subprocess.Popen([str(WORKER), "run", str(spec)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Wait until the worker has the FIFO open for reading (before that, a non-blocking open for
+    # writing fails with ENXIO): only then is it in main, past the dynamic loader, reading its spec.
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            fd = os.open(spec, os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError as e:
+            if e.errno != errno.ENXIO or p.poll() is not None or time.monotonic() > deadline:
+                p.kill()
+                pytest.fail(f"the worker never opened its spec ({e}; exit {p.wait()})")
+            time.sleep(0.05)
+    p.send_signal(signal.SIGTERM)  # the worker blocks in read(): the FIFO has a writer and no data yet
     time.sleep(0.5)
-    p.send_signal(signal.SIGTERM)
-    time.sleep(0.2)
-    try:  # non-blocking: a worker the signal killed has no reader open
-        fd = os.open(spec, os.O_WRONLY | os.O_NONBLOCK)
-    except OSError as e:
-        p.kill()
-        pytest.fail(f"the worker stopped reading its spec after SIGTERM ({e}; exit {p.wait()})")
+    assert p.poll() is None, f"SIGTERM killed the worker while it read its spec (exit {p.returncode})"
     os.set_blocking(fd, True)
     with os.fdopen(fd, "w") as f:
         f.write(json.dumps(tiny(tmp_path / "ck", steps=5)))
