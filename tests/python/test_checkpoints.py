@@ -329,3 +329,43 @@ def test_checkpoint_benchmark_smoke(tmp_path):
     assert res["partial_checkpoints_left"] == []
     assert "| tiny | cpu |" in p.stdout
     assert [x.name for x in tmp_path.iterdir() if x.name.startswith("ftd-ckpt-bench-")] == [], "removed after"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM])
+def test_a_cancel_during_a_checkpoint_write(tmp_path, sig):
+    """On a slow disk (every large file write sleeps 100 ms), a signal that comes while a periodic
+    checkpoint is written: SIGUSR1 (a plain cancel) stops the write at the next piece, removes the
+    .tmp directory and exits 5 within seconds, long before the write would end; SIGTERM (a cancel
+    that asks for a checkpoint) lets the write finish and keeps it."""
+    shim = BUILD / "tests" / "libftd_slow_write_preload.so"
+    ck = tmp_path / "ck"
+    spec = tiny(ck, batch_size=2, seq_len=16, steps=4, log_every=1, checkpoint={"every_steps": 2})
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    env = dict(os.environ, LD_PRELOAD=str(shim), FTD_SLOW_WRITE_MS="100")
+    p = subprocess.Popen([str(WORKER), "run", str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=env)
+    seen = []
+    for line in p.stdout:
+        seen.append(line)
+        if '"phase":"save_checkpoint"' in line:
+            break
+    time.sleep(0.5)  # a few pieces into the write
+    t0 = time.monotonic()
+    p.send_signal(sig)
+    out, err = p.communicate(timeout=300)
+    took = time.monotonic() - t0
+    lines = [json.loads(l) for l in ("".join(seen) + out).splitlines() if l.startswith("{")]
+    saves = [l for l in lines if l["event"] == "progress" and l["phase"] == "save_checkpoint"]
+    total = saves[0]["total_bytes"]
+    [r] = [l for l in lines if l["event"] == "result"]
+    assert p.returncode == 5 and r["outcome"] == "CANCELLED", err[-3000:]
+    assert r["steps_done"] == 2
+    names = sorted(x.name for x in ck.iterdir())
+    if sig == signal.SIGUSR1:
+        assert took < 3.0, f"exit {took:.1f} s after the cancel"
+        assert not any(s["done_bytes"] == total for s in saves), "the write ran to its end"
+        assert names == [] and r["last_checkpoint"] == "", (names, r)
+    else:
+        assert took > 3.0, f"exit {took:.1f} s after the stop: the write cannot have finished"
+        assert names == ["step-00000002"] == complete_checkpoints(ck)

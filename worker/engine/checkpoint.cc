@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -115,7 +116,7 @@ absl::Status Prune(const fs::path& root, const fs::path& written, int keep_last)
 
 absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const TrainerState& st, const LlamaModel& model,
                                            const AdamW& opt, int keep_last, bool merged,
-                                           const ProgressFn& progress) {
+                                           const ProgressFn& progress, std::function<bool()> abort) {
   if (auto s = EnsureDirectory(root, "spec.checkpoint.dir"); !s.ok()) return s;
   std::error_code ec;
   // Held until the checkpoint is in place and pruned. The kernel releases it when a writer dies,
@@ -134,6 +135,14 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const Traine
   if (!fs::create_directory(tmp, ec) || ec) {
     return absl::InternalError(absl::StrCat("create ", tmp.string(), ": ", ec ? ec.message() : "exists"));
   }
+  // Until it is published, a failed or stopped write removes its partial directory (under the lock).
+  struct RemovePartial {
+    const fs::path& dir;
+    bool published = false;
+    ~RemovePartial() {
+      if (!published) (void)RemoveTree(dir);
+    }
+  } partial{tmp};
 
   // Optimizer state and RNG states.
   NamedTensors state_tensors = opt.State();
@@ -142,6 +151,7 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const Traine
                                                   (merged ? TensorBytes(model.named_parameters()) : 0)
                                             : TensorBytes(model.named_parameters());
   ProgressMeter meter(progress, ProgressPhase::kSaveCheckpoint, model_bytes + TensorBytes(state_tensors));
+  meter.SetAbort(std::move(abort));
   if (model.lora()) {
     if (auto s = model.SaveAdapters(tmp.string(), &meter); !s.ok()) return s;
     if (merged) {
@@ -174,7 +184,9 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const Traine
   if (auto s = WriteFileSynced((tmp / "MANIFEST.json").string(), manifest.dump(2)); !s.ok()) return s;
   if (auto s = FsyncDir(tmp.string()); !s.ok()) return s;
   std::optional<fs::path> replaced;
+  if (meter.Aborted()) return absl::CancelledError(absl::StrCat("write of ", tmp.string(), " stopped"));
   if (auto s = Publish(tmp, final_dir, &replaced); !s.ok()) return s;
+  partial.published = true;
   if (auto s = FsyncDir(root); !s.ok()) return s;
   if (replaced) {
     if (auto s = RemoveTree(*replaced); !s.ok()) return s;

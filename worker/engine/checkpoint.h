@@ -14,6 +14,7 @@
 // files have the sizes it lists; anything else (a crash mid-write) is ignored.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -38,10 +39,13 @@ struct TrainerState {
 // Writes the checkpoint of `state.step` and returns its directory. `merged` (LoRA only): also write
 // merged/ (the base with the adapters merged into it). keep_last > 0 then keeps that one and the
 // keep_last - 1 newest other complete checkpoints, removing the rest. Reports kSaveCheckpoint
-// progress through `progress` (may be empty).
+// progress through `progress` (may be empty). When `abort` (may be empty) turns true mid-write, the
+// write stops at the next piece boundary, its .tmp directory is removed and the result is
+// CANCELLED; any other failure also removes the .tmp directory.
 absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const TrainerState& state,
                                            const LlamaModel& model, const AdamW& opt, int keep_last,
-                                           bool merged = false, const ProgressFn& progress = {});
+                                           bool merged = false, const ProgressFn& progress = {},
+                                           std::function<bool()> abort = {});
 // The newest complete checkpoint under root, or nullopt if there is none.
 absl::StatusOr<std::optional<std::string>> LatestCheckpoint(const std::string& root);
 // Loads a checkpoint written with the same data settings as `state` (refused otherwise, naming the

@@ -41,6 +41,9 @@ class ProgressMeter {
   void AddTotal(uint64_t bytes) { p_.total_bytes += bytes; }
   // Reports done == total (once).
   void Finish();
+  // A writer asks between pieces whether to give up (a plain cancel that came mid-write).
+  void SetAbort(std::function<bool()> abort) { abort_ = std::move(abort); }
+  bool Aborted() const { return abort_ && abort_(); }
 
  private:
   void Report();
@@ -49,6 +52,7 @@ class ProgressMeter {
   std::chrono::steady_clock::duration interval_;
   std::chrono::steady_clock::time_point last_;
   bool finished_ = false;
+  std::function<bool()> abort_;
 };
 
 // Predicts how long the rest of a checkpoint write takes from its bytes and the measured write rate:

@@ -255,6 +255,7 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorT
   for (size_t i = 0; i < tensors.size(); ++i) {
     const TensorToWrite& t = tensors[i];
     const void* data = t.data;
+    if (progress != nullptr && progress->Aborted()) return absl::CancelledError(absl::StrCat("write of ", path, " stopped"));
     if (data == nullptr && t.bytes() > 0) {
       if (!fetch) return absl::InvalidArgumentError(absl::StrCat(path, ": tensor \"", t.name, "\" has no data"));
       auto fetched = fetch(i);
@@ -267,6 +268,7 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorT
       if (auto s = WriteAll(fd.get(), p + done, piece, path); !s.ok()) return s;
       done += piece;
       if (progress != nullptr) progress->Add(piece);
+      if (progress != nullptr && progress->Aborted()) return absl::CancelledError(absl::StrCat("write of ", path, " stopped"));
     }
   }
   if (::fsync(fd.get()) != 0) return absl::InternalError(absl::StrCat("fsync ", path, ": ", std::strerror(errno)));

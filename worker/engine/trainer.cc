@@ -310,8 +310,18 @@ bool TrainingRun::Checkpoint() {
       hooks_.on_progress(with_eta);
     };
   }
+  // A plain cancel (stop without a checkpoint) that comes mid-write stops the write too.
+  auto plain_cancel = [this] {
+    return hooks_.stop != nullptr && hooks_.stop->load() && hooks_.skip_checkpoint != nullptr &&
+           hooks_.skip_checkpoint->load();
+  };
   const auto t0 = std::chrono::steady_clock::now();
-  auto dir = SaveCheckpoint(cfg_.checkpoint.dir, state_, *model_, *opt_, cfg_.checkpoint.keep_last, merged, progress);
+  auto dir = SaveCheckpoint(cfg_.checkpoint.dir, state_, *model_, *opt_, cfg_.checkpoint.keep_last, merged, progress,
+                            plain_cancel);
+  if (absl::IsCancelled(dir.status())) {
+    return Fail(Outcome::kCancelled, absl::StrCat("stopped on request while writing the checkpoint of step ",
+                                                  state_.step, ", without a checkpoint"));
+  }
   if (!dir.ok()) return Fail(Outcome::kFailed, std::string(dir.status().message()));
   sum_.last_checkpoint = *dir;
   saved_step_ = state_.step;
