@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from ftdtest import (CONFIGS, hf_reference_steps, make_hf_model, max_rel_err, run_parity, run_worker, token_windows,
-                     write_tokens)
+from ftdtest import (CONFIGS, hf_reference_steps, make_hf_model, max_rel_err, norm_rel_err, run_parity, run_worker,
+                     token_windows, write_tokens)
 
 torch.set_num_threads(2)
 
@@ -49,11 +49,12 @@ def test_ten_adamw_steps_match_peft(name, targets, rank, alpha, rslora, accum, c
     weight decay. Losses within 1e-5, gradient norms within 1e-4, and the adapters after 10 steps.
     Both implementations of the lora op: eager (per module, as PEFT) and fused (grouped per input)."""
     base = make_hf_model(name, tmp_path / "m", seed=5)
-    torch.manual_seed(torch.seed() % 2**31)
+    seed = 1000 * rank + 10 * len(targets) + accum  # fixed per case: a failure reproduces
+    torch.manual_seed(seed)
     model = peft_model(base, targets, rank, alpha, rslora, init=False)
     model.save_pretrained(tmp_path / "init")
     vocab, b, t, steps = CONFIGS[name]["vocab_size"], 2, 13, 10
-    tokens = np.random.default_rng().integers(0, vocab, size=(steps * accum * b + 3) * (t + 1) + 5)
+    tokens = np.random.default_rng(seed).integers(0, vocab, size=(steps * accum * b + 3) * (t + 1) + 5)
     write_tokens(tmp_path / "tokens.bin", tokens)
     hp = dict(lr=3e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, grad_clip=clip)
     spec = {
@@ -83,7 +84,11 @@ def test_ten_adamw_steps_match_peft(name, targets, rank, alpha, rslora, accum, c
     assert sorted(saved) == sorted(ref)  # PEFT's names, nothing else
     for k, v in ref.items():
         assert saved[k].dtype == torch.float32 and saved[k].shape == v.shape, k
-        assert max_rel_err(saved[k], v) <= 1e-4, k
+        # Norm-wise, as tight as the losses allow; element-wise looser: AdamW's update of an element
+        # whose gradient is near zero is about lr x sign, so a rounding-level gradient difference can
+        # move that one element by up to lr per step.
+        assert norm_rel_err(saved[k], v) <= 1e-4, k
+        assert max_rel_err(saved[k], v) <= 1e-3, k
 
 
 def test_saved_adapter_loads_in_peft_and_merged_model_loads_alone(tmp_path):
