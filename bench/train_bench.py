@@ -9,8 +9,12 @@ A run that runs out of memory is recorded as such and the benchmark goes on.
 ftd impls: a kernel set with options joined by `+`: `fused+ac=selective` (spec.activation_checkpointing),
 `fused+es` (spec.expandable_segments), `fused+fp` (spec.kernel_tuning.fused_projections), e.g.
 `fused+ac=full+es`. Peers: `hf` (HF eager, sdpa, fused AdamW), `hf-compile` (torch.compile),
-`hf-liger` (Liger-Kernel), `hf-float8` (torchao float8 training + torch.compile). --peer-gc auto (default) reruns a peer that ran out of memory with HF's
-gradient checkpointing, and the table names it `+gc`; `on` always uses it, `off` never.
+`hf-liger` (Liger-Kernel), `hf-float8` (torchao float8 training + torch.compile). --peer-gc auto (default)
+turns HF's gradient checkpointing on up front where the peer's estimated peak (60 GiB of weights, gradients
+and AdamW state, plus HF eager's measured 5.8 MiB of activations a token) does not fit the GPU, and reruns
+a peer that still ran out of memory with it; the table names it `+gc`. `on` always uses it, `off` never.
+--ftd-ac auto (default) reruns an ftd impl that ran out of memory with activation_checkpointing selective,
+then full (named `+ac=...` in the table); `off` records the out-of-memory run.
 
 The issue-14 table in three commands (about 10 minutes each on an H200, estimated; scripts/gpu.sh stages
 perf, perf-long and perf-peers):
@@ -19,7 +23,7 @@ perf, perf-long and perf-peers):
   train_bench.py --shapes 1x512,4x2048,8x2048,16x2048,1x8192,2x8192 --impls hf,hf-compile,hf-liger --steps 8
 
 The fp8 table (scripts/gpu.sh stage fp8): ftd's fp8 set against its bf16 fused set and HF + torchao float8:
-  train_bench.py --shapes 4x2048,8x2048,2x8192 --impls fused,fp8,hf-float8 --steps 12
+  train_bench.py --shapes 4x2048,8x2048,2x8192 --impls fused,fp8,hf-float8 --steps 10 --warmup 3 --baseline ftd-fused
 
 With --base-worker, an impl written `fused@base` (or `eager@base`) runs that kernel set on the other
 build (another commit's ftd-worker), so two versions of ftd are compared in one invocation on the
@@ -101,10 +105,39 @@ def run_hf(tokens, b, t, steps, variant, grad_ckpt):
                 "message": p.stderr[-2000:], "steps": []}
 
 
-def run_peer(tokens, b, t, steps, impl, peer_gc):
+# The HF peers' peak memory, for choosing gradient checkpointing before a run rather than after an
+# out-of-memory one (a compiled peer spends a minute compiling first): bf16 weights, gradients and AdamW's
+# two moments (8 bytes a parameter of the 8B), plus activations a token as HF eager measured at 4x2048
+# (106.0 GiB peak, docs/performance.md). Compiled and float8 peers keep less, so this errs towards fitting.
+HF_STATIC_GIB = 59.9
+HF_ACTIVATION_GIB_PER_TOKEN = (106.0 - HF_STATIC_GIB) / 8192
+
+
+def gpu_memory_gib():
+    """The first visible GPU's memory in GiB (nvidia-smi), or None without one."""
+    dev = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
+    try:
+        p = subprocess.run(["nvidia-smi", "-i", dev, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                           capture_output=True, text=True, timeout=30)
+        return float(p.stdout.split()[0]) / 1024 if p.returncode == 0 else None
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+        return None
+
+
+def peer_needs_gc(b, t, gpu_gib):
+    """Whether an HF peer at b x t is expected not to fit without gradient checkpointing (5% headroom
+    for the allocator's fragmentation and the CUDA context)."""
+    return gpu_gib is not None and HF_STATIC_GIB + b * t * HF_ACTIVATION_GIB_PER_TOKEN > 0.95 * gpu_gib
+
+
+def run_peer(tokens, b, t, steps, impl, peer_gc, gpu_gib=None):
     variant = {"hf": "eager", "hf-eager": "eager", "hf-compile": "compile", "hf-liger": "liger",
                "hf-float8": "float8"}[impl]
-    r = run_hf(tokens, b, t, steps, variant, peer_gc == "on")
+    up_front = peer_gc == "auto" and peer_needs_gc(b, t, gpu_gib)
+    if up_front:
+        print(f"# {impl} {b}x{t}: estimated {HF_STATIC_GIB + b * t * HF_ACTIVATION_GIB_PER_TOKEN:.0f} GiB of "
+              f"{gpu_gib:.0f}: with gradient checkpointing", flush=True)
+    r = run_hf(tokens, b, t, steps, variant, peer_gc == "on" or up_front)
     if r["outcome"] == "OUT_OF_MEMORY" and peer_gc == "auto":
         print(f"# {r['impl']} {b}x{t}: OUT_OF_MEMORY; again with gradient checkpointing", flush=True)
         r = run_hf(tokens, b, t, steps, variant, True)
@@ -121,7 +154,13 @@ def main():
     ap.add_argument("--impls", default="eager,fused,hf",
                     help="ftd kernel sets with options (fused+ac=selective, ...) and/or peers hf, hf-compile, hf-liger")
     ap.add_argument("--peer-gc", choices=["auto", "on", "off"], default="auto",
-                    help="HF gradient checkpointing: auto = only after the peer ran out of memory without it")
+                    help="HF gradient checkpointing: auto = where the peer is not expected to fit without it, "
+                         "or after it ran out of memory without it")
+    ap.add_argument("--ftd-ac", choices=["auto", "off"], default="auto",
+                    help="auto: an ftd impl that ran out of memory runs again with activation checkpointing "
+                         "selective, then full")
+    ap.add_argument("--baseline", default="hf-eager",
+                    help="the impl (label prefix) the ratio column divides by, at the same shape")
     ap.add_argument("--repeat", type=int, default=1, help="alternate the implementations this many times")
     ap.add_argument("--base-worker", help="another build's ftd-worker, for impls written KERNEL_SET@base")
     args = ap.parse_args()
@@ -131,29 +170,38 @@ def main():
     n = max(b * (t + 1) for b, t in shapes) * (args.steps + 1)
     tokens = Path(tempfile.mkdtemp(prefix="ftd-bench-")) / "tokens.u32"
     np.random.default_rng(0).integers(0, 128256, size=n, dtype=np.uint32).astype("<u4").tofile(tokens)
+    gpu_gib = gpu_memory_gib()
     rows = []
     for b, t in shapes:
         for impl in args.impls.split(",") * args.repeat:
             if impl.startswith("hf"):
-                r = run_peer(tokens, b, t, args.steps, impl, args.peer_gc)
+                r = run_peer(tokens, b, t, args.steps, impl, args.peer_gc, gpu_gib)
             else:
                 ks, _, build = impl.partition("@")
                 if build and not args.base_worker:
                     sys.exit(f"train_bench: --impls names {impl}: give --base-worker")
-                r = run_ours(args.base_worker if build else args.worker, tokens, b, t, args.steps, out,
-                             ftd_options(ks))
+                worker = args.base_worker if build else args.worker
+                r = run_ours(worker, tokens, b, t, args.steps, out, ftd_options(ks))
                 r["impl"] = "ftd-" + ks + ("@" + build if build else "")
+                # Out of memory: the same impl with less kept between forward and backward.
+                for ac in ("selective", "full"):
+                    if r["outcome"] != "OUT_OF_MEMORY" or args.ftd_ac == "off" or "ac=" in ks:
+                        break
+                    ks_ac = f"{ks}+ac={ac}"
+                    print(f"# {r['impl']} {b}x{t}: OUT_OF_MEMORY; again with activation_checkpointing {ac}", flush=True)
+                    r = run_ours(worker, tokens, b, t, args.steps, out, ftd_options(ks_ac))
+                    r["impl"] = "ftd-" + ks_ac + ("@" + build if build else "")
             r.update(batch=b, seq=t, summary=summarize(r["steps"], args.warmup) if r["outcome"] == "SUCCEEDED" else None)
             rows.append(r)
             print(f"# {r['impl']} {b}x{t}: {r['outcome']} {r.get('message', '')[:300]}", flush=True)
             print(json.dumps(r["summary"]), flush=True)
     (out / "train_bench.json").write_text(json.dumps(rows, indent=1))
-    print("\n| shape | impl | tokens/s | vs HF median | step (s) | peak alloc (GiB) | peak reserved (GiB) | MFU | J/token | power (W) | loss first -> last |")
+    print(f"\n| shape | impl | tokens/s | vs {args.baseline} | step (s) | peak alloc (GiB) | peak reserved (GiB) | MFU | J/token | power (W) | loss first -> last |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         s = r["summary"]
-        hf_runs = [x["summary"]["tokens_per_s"] for x in rows if x["impl"].startswith("hf-eager") and x["batch"] == r["batch"]
-                   and x["seq"] == r["seq"] and x["summary"]]
+        hf_runs = [x["summary"]["tokens_per_s"] for x in rows if x["impl"].startswith(args.baseline)
+                   and x["batch"] == r["batch"] and x["seq"] == r["seq"] and x["summary"]]
         hf = {"tokens_per_s": statistics.median(hf_runs)} if hf_runs else None
         if s is None:
             print(f"| {r['batch']}x{r['seq']} | {r['impl']} | {r['outcome']} | | | | | | | | |")

@@ -4,12 +4,17 @@
 # prometheus-cpp, GoogleTest, CLI11, JSON) come unpacked from .devdeps/ when present
 # (scripts/fetch-gpu-deps.sh fills it on a development machine). Results go to $OUT (default gpu-out/).
 #   scripts/gpu.sh [STAGE...]    stages, run in the order given: build test kbench e2e lora data service
-#                                profile ckpt pack ab fp8 default (none given: build test kbench e2e lora service profile)
+#                                profile ckpt pack ab fp8 fp8-curve default (none given: build test kbench e2e lora
+#                                service profile)
 #   ckpt: the 8B checkpoint's write and load GB/s and the cancel-to-exit latency, during a step and
 #       during a checkpoint write (bench/ckpt_bench.py; its ~48 GB checkpoint goes under CKPT_ROOT,
 #       default /tmp, never under $OUT).
-#   fp8: ftd's fp8 set against its bf16 fused set and HF + torchao float8 at 4x2048, 8x2048, 2x8192
-#       (bench/train_bench.py; FP8_ARGS: more flags).
+#   fp8: ftd's fp8 set against its bf16 fused set and HF + torchao float8 (compiled per layer) at 4x2048,
+#       8x2048, 2x8192 (bench/train_bench.py; about 6 minutes on an H200, estimated; FP8_ARGS: more flags).
+#       A run that does not fit is run with activation checkpointing (ftd: selective, then full after an
+#       out-of-memory run; HF: gradient checkpointing where its estimate does not fit); the table says which.
+#   fp8-curve: the 300-step loss curves of the fp8 and bf16 fused sets side by side, and the resume under
+#       fp8 (tests/python/test_gpu_fp8.py, its printed curves kept in fp8_curve.log).
 #   pack: two 8B LoRA jobs sharing GPU 0 through ftd (--jobs-per-gpu 2) against one alone (PACK_ARGS:
 #       bench/pack_bench.py flags).
 #   ab: this tree's ftd-worker against another version's, the 8B fused step in one invocation
@@ -133,8 +138,13 @@ for stage in "${stages[@]}"; do
     fp8)
       stamp "fp8 kernel set: ftd fp8 vs ftd fused (bf16) vs HF + torchao float8"
       python3 bench/train_bench.py --worker "$build/worker/ftd-worker" --out "$out/fp8" \
-        --shapes 4x2048,8x2048,2x8192 --impls fused,fp8,hf-float8 --steps 12 ${FP8_ARGS:-} 2>&1 \
-        | tee "$out/fp8_bench.log" | grep -v "^{" ;;
+        --shapes 4x2048,8x2048,2x8192 --impls fused,fp8,hf-float8 --steps 10 --warmup 3 --baseline ftd-fused \
+        ${FP8_ARGS:-} 2>&1 | tee "$out/fp8_bench.log" | grep -v "^{" ;;
+    fp8-curve)
+      stamp "fp8 kernel set: 300-step loss curve against bf16 fused, and resume"
+      FTD_BUILD_DIR="$build" FTD_TEST_NO_SKIP=1 python3 -m pytest -q -s -rs -p no:cacheprovider \
+        tests/python/test_gpu_fp8.py > "$out/fp8_curve.log" 2>&1 || rc=1
+      grep -E "step, bf16|final loss|passed|failed|Error" "$out/fp8_curve.log" | cut -c1-3000 ;;
     lora-ac)
       stamp "LoRA 4x2048 with activation checkpointing"
       python3 bench/lora_bench.py --worker "$build/worker/ftd-worker" --out "$out/lora-ac" --shapes 4x2048 \
@@ -143,7 +153,7 @@ for stage in "${stages[@]}"; do
     default)
       "$build/worker/ftd-worker" run --default --format text --set steps=${DEFAULT_STEPS:-10} 2>&1 \
         | tee "$out/default-job.log" | tail -4 ;;
-    *) echo "gpu.sh: unknown stage $stage (build test kbench e2e lora data service profile ckpt pack ab fp8 default)"; exit 2 ;;
+    *) echo "gpu.sh: unknown stage $stage (build test kbench e2e lora data service profile ckpt pack ab fp8 fp8-curve default)"; exit 2 ;;
   esac
 done
 stamp "done (rc $rc)"
