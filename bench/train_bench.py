@@ -7,20 +7,23 @@ A run that runs out of memory is recorded as such and the benchmark goes on.
       [--impls eager,fused,hf] [--repeat N] [--base-worker OTHER/ftd-worker] [--peer-gc auto|on|off]
 
 ftd impls: a kernel set with options joined by `+`: `fused+ac=selective` (spec.activation_checkpointing),
-`fused+es` (spec.expandable_segments), `fused+fp` (spec.kernel_tuning.fused_projections), e.g.
-`fused+ac=full+es`. Peers: `hf` (HF eager, sdpa, fused AdamW), `hf-compile` (torch.compile),
-`hf-liger` (Liger-Kernel), `hf-float8` (torchao float8 training + torch.compile). --peer-gc auto (default)
+`fused+es` (spec.expandable_segments), `fused+fp` (spec.kernel_tuning.fused_projections),
+`fused+fcl=N` (spec.full_checkpoint_layers), e.g. `fused+ac=full+es` or `fused+ac=selective+fcl=16`.
+Peers: `hf` (HF eager, sdpa, fused AdamW), `hf-compile` (torch.compile), `hf-liger` (Liger-Kernel), `hf-float8` (torchao float8 training + torch.compile). --peer-gc auto (default)
 turns HF's gradient checkpointing on up front where the peer's estimated peak (60 GiB of weights, gradients
 and AdamW state, plus HF eager's measured 5.8 MiB of activations a token) does not fit the GPU, and reruns
 a peer that still ran out of memory with it; the table names it `+gc`. `on` always uses it, `off` never.
 --ftd-ac auto (default) reruns an ftd impl that ran out of memory with activation_checkpointing selective,
 then full (named `+ac=...` in the table); `off` records the out-of-memory run.
+--largest runs each peer at the largest of --shapes that runs (largest first; smaller ones only after a
+failure); --run-timeout stops a peer's run after that many seconds and --budget-s caps all the peers'
+runs together (a run past either is recorded as TIMEOUT, one not started as SKIPPED).
 
 The issue-14 table in three commands (about 10 minutes each on an H200, estimated; scripts/gpu.sh stages
 perf, perf-long and perf-peers):
   train_bench.py --shapes 1x512,4x2048,8x2048,16x2048 --impls fused,fused+es,fused+ac=selective,fused+ac=full
   train_bench.py --shapes 1x8192,2x8192,1x32768 --impls fused,fused+ac=selective,fused+ac=full --steps 8
-  train_bench.py --shapes 1x512,4x2048,8x2048,16x2048,1x8192,2x8192 --impls hf,hf-compile,hf-liger --steps 8
+  train_bench.py --shapes 8x2048,4x2048 --impls hf,hf-compile,hf-liger --largest --steps 6 --warmup 2 --run-timeout 150 --budget-s 420
 
 The fp8 table (scripts/gpu.sh stage fp8): ftd's fp8 set against its bf16 fused set and HF + torchao float8:
   train_bench.py --shapes 4x2048,8x2048,2x8192 --impls fused,fp8,hf-float8 --steps 10 --warmup 3 --baseline ftd-fused
@@ -35,6 +38,7 @@ import os
 import statistics
 import subprocess
 import tempfile
+import time
 import sys
 from pathlib import Path
 
@@ -87,22 +91,27 @@ def ftd_options(impl):
             extra["expandable_segments"] = True
         elif key == "fp" and not value:
             extra.setdefault("kernel_tuning", {})["fused_projections"] = True
+        elif key == "fcl" and value.isdigit():
+            extra["full_checkpoint_layers"] = int(value)
         else:
-            sys.exit(f"train_bench: unknown option {o!r} in impl {impl!r} (ac=none|selective|full, es, fp)")
+            sys.exit(f"train_bench: unknown option {o!r} in impl {impl!r} (ac=none|selective|full, es, fp, fcl=N)")
     return extra
 
 
-def run_hf(tokens, b, t, steps, variant, grad_ckpt):
+def run_hf(tokens, b, t, steps, variant, grad_ckpt, timeout=None):
     cmd = [sys.executable, str(HERE / "hf_train.py"), "--tokens", str(tokens), "--batch", str(b), "--seq", str(t),
            "--steps", str(steps), "--variant", variant] + (["--grad-ckpt"] if grad_ckpt else [])
-    p = subprocess.run(cmd, capture_output=True, text=True)
+    impl = f"hf-{variant}" + ("+gc" if grad_ckpt else "")
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"impl": impl, "outcome": "TIMEOUT", "message": f"stopped after {timeout} s (--run-timeout)", "steps": []}
     sys.stderr.write("".join(l + "\n" for l in p.stderr.splitlines() if "phases" in l))
     try:
         return json.loads(p.stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
         oom = "out of memory" in p.stderr.lower()
-        return {"impl": f"hf-{variant}" + ("+gc" if grad_ckpt else ""), "outcome": "OUT_OF_MEMORY" if oom else "FAILED",
-                "message": p.stderr[-2000:], "steps": []}
+        return {"impl": impl, "outcome": "OUT_OF_MEMORY" if oom else "FAILED", "message": p.stderr[-2000:], "steps": []}
 
 
 # The HF peers' peak memory, for choosing gradient checkpointing before a run rather than after an
@@ -130,17 +139,17 @@ def peer_needs_gc(b, t, gpu_gib):
     return gpu_gib is not None and HF_STATIC_GIB + b * t * HF_ACTIVATION_GIB_PER_TOKEN > 0.95 * gpu_gib
 
 
-def run_peer(tokens, b, t, steps, impl, peer_gc, gpu_gib=None):
+def run_peer(tokens, b, t, steps, impl, peer_gc, gpu_gib=None, timeout=None):
     variant = {"hf": "eager", "hf-eager": "eager", "hf-compile": "compile", "hf-liger": "liger",
                "hf-float8": "float8"}[impl]
     up_front = peer_gc == "auto" and peer_needs_gc(b, t, gpu_gib)
     if up_front:
         print(f"# {impl} {b}x{t}: estimated {HF_STATIC_GIB + b * t * HF_ACTIVATION_GIB_PER_TOKEN:.0f} GiB of "
               f"{gpu_gib:.0f}: with gradient checkpointing", flush=True)
-    r = run_hf(tokens, b, t, steps, variant, peer_gc == "on" or up_front)
+    r = run_hf(tokens, b, t, steps, variant, peer_gc == "on" or up_front, timeout)
     if r["outcome"] == "OUT_OF_MEMORY" and peer_gc == "auto":
         print(f"# {r['impl']} {b}x{t}: OUT_OF_MEMORY; again with gradient checkpointing", flush=True)
-        r = run_hf(tokens, b, t, steps, variant, True)
+        r = run_hf(tokens, b, t, steps, variant, True, timeout)
     return r
 
 
@@ -163,6 +172,10 @@ def main():
                     help="the impl (label prefix) the ratio column divides by, at the same shape")
     ap.add_argument("--repeat", type=int, default=1, help="alternate the implementations this many times")
     ap.add_argument("--base-worker", help="another build's ftd-worker, for impls written KERNEL_SET@base")
+    ap.add_argument("--largest", action="store_true",
+                    help="peers: only the largest shape that runs (shapes tried largest first, with --peer-gc)")
+    ap.add_argument("--run-timeout", type=float, help="seconds a peer's run may take (recorded as TIMEOUT)")
+    ap.add_argument("--budget-s", type=float, help="seconds all the peers' runs may take together")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -172,10 +185,23 @@ def main():
     np.random.default_rng(0).integers(0, 128256, size=n, dtype=np.uint32).astype("<u4").tofile(tokens)
     gpu_gib = gpu_memory_gib()
     rows = []
+    t_start = time.monotonic()
+    placed = set()  # --largest: the peers that already ran at a larger shape
+    if args.largest:
+        shapes.sort(key=lambda s: s[0] * s[1], reverse=True)
     for b, t in shapes:
         for impl in args.impls.split(",") * args.repeat:
+            if impl.startswith("hf") and args.largest and impl in placed:
+                continue
             if impl.startswith("hf"):
-                r = run_peer(tokens, b, t, args.steps, impl, args.peer_gc, gpu_gib)
+                left = None if args.budget_s is None else args.budget_s - (time.monotonic() - t_start)
+                timeout = min(x for x in (args.run_timeout, left, 1e9) if x is not None)
+                if timeout < 10:
+                    r = {"impl": impl, "outcome": "SKIPPED", "message": "--budget-s spent", "steps": []}
+                else:
+                    r = run_peer(tokens, b, t, args.steps, impl, args.peer_gc, gpu_gib, timeout)
+                if args.largest and r["outcome"] == "SUCCEEDED":
+                    placed.add(impl)
             else:
                 ks, _, build = impl.partition("@")
                 if build and not args.base_worker:

@@ -4,8 +4,14 @@
 # prometheus-cpp, GoogleTest, CLI11, JSON) come unpacked from .devdeps/ when present
 # (scripts/fetch-gpu-deps.sh fills it on a development machine). Results go to $OUT (default gpu-out/).
 #   scripts/gpu.sh [STAGE...]    stages, run in the order given: build test kbench e2e lora data service
-#                                profile ckpt pack ab fp8 fp8-curve default (none given: build test kbench e2e lora
-#                                service profile)
+#                                profile ckpt pack ab fp8 perf perf-long perf-peers perf-levers lora-ac breakdown
+#                                roofline fp8-curve default (none given: build test kbench e2e lora service profile)
+#   breakdown: one step's device time by category (GEMM, attention, cross-entropy, optimizer,
+#       elementwise/norm/rope, communication, idle) from PROFILE jobs, fused set, 4x2048 and 1x512
+#       (bench/profile_breakdown.py; BREAKDOWN_ARGS: more flags).
+#   roofline: per shape, the matrix work's FLOP-bound time at the measured bf16 GEMM peak plus the
+#       optimizer's bytes-bound time at the measured copy bandwidth, against the measured step
+#       (bench/roofline.py; the perf/perf-long stages' results when run before it in the same $OUT).
 #   ckpt: the 8B checkpoint's write and load GB/s and the cancel-to-exit latency, during a step and
 #       during a checkpoint write (bench/ckpt_bench.py; its ~48 GB checkpoint goes under CKPT_ROOT,
 #       default /tmp, never under $OUT).
@@ -126,10 +132,29 @@ for stage in "${stages[@]}"; do
         --shapes 1x8192,2x8192,1x32768 --impls fused,fused+ac=selective,fused+ac=full --steps 8 ${PERF_ARGS:-} 2>&1 \
         | tee "$out/perf_long_bench.log" | grep -v "^{" ;;
     perf-peers)
-      stamp "performance table: HF peers"
+      # Each peer at the largest shape that runs, with HF gradient checkpointing where it is not expected
+      # to fit without it or ran out of memory (the table's impl then ends in +gc); a run past 150 s, or
+      # past 420 s of peer runs in all, is stopped (TIMEOUT).
+      stamp "performance table: HF peers (eager, torch.compile, Liger-Kernel), each at its largest shape"
       python3 bench/train_bench.py --worker "$build/worker/ftd-worker" --out "$out/perf-peers" \
-        --shapes 1x512,4x2048,8x2048,16x2048,1x8192,2x8192 --impls hf,hf-compile,hf-liger --steps 8 ${PERF_ARGS:-} 2>&1 \
-        | tee "$out/perf_peers_bench.log" | grep -v "^{" ;;
+        --shapes 8x2048,4x2048 --impls hf,hf-compile,hf-liger --largest --steps 6 --warmup 2 --run-timeout 150 --budget-s 420 \
+        ${PEERS_ARGS:-} 2>&1 | tee "$out/perf_peers_bench.log" | grep -v "^{" ;;
+    breakdown)
+      stamp "one step's device time by category from PROFILE jobs (fused set, 4x2048 and 1x512)"
+      python3 bench/profile_breakdown.py --build "$build" --out "$out/breakdown" ${BREAKDOWN_ARGS:-} 2>&1 \
+        | tee "$out/breakdown.log" ;;
+    roofline)
+      # The measured steps: the perf and perf-long stages' tables when they ran before in this $out,
+      # else a short fused run at 1x512 and 4x2048.
+      stamp "roofline: matrix FLOPs at the measured GEMM peak + optimizer bytes at the measured copy bandwidth"
+      benches=()
+      for f in "$out/perf/train_bench.json" "$out/perf-long/train_bench.json"; do [ -f "$f" ] && benches+=(--bench "$f"); done
+      if [ ${#benches[@]} -eq 0 ]; then
+        python3 bench/train_bench.py --worker "$build/worker/ftd-worker" --out "$out/roofline" --shapes 1x512,4x2048 \
+          --impls fused --steps 8 --warmup 3 > "$out/roofline_bench.log" 2>&1 || rc=1
+        benches=(--bench "$out/roofline/train_bench.json")
+      fi
+      python3 bench/roofline.py "${benches[@]}" --out "$out/roofline.json" 2>&1 | tee "$out/roofline.log" ;;
     perf-levers)
       stamp "performance levers one by one"
       python3 bench/train_bench.py --worker "$build/worker/ftd-worker" --out "$out/perf-levers" \
@@ -153,7 +178,7 @@ for stage in "${stages[@]}"; do
     default)
       "$build/worker/ftd-worker" run --default --format text --set steps=${DEFAULT_STEPS:-10} 2>&1 \
         | tee "$out/default-job.log" | tail -4 ;;
-    *) echo "gpu.sh: unknown stage $stage (build test kbench e2e lora data service profile ckpt pack ab fp8 fp8-curve default)"; exit 2 ;;
+    *) echo "gpu.sh: unknown stage $stage (build test kbench e2e lora data service profile ckpt pack ab fp8 fp8-curve perf perf-long perf-peers perf-levers lora-ac breakdown roofline default)"; exit 2 ;;
   esac
 done
 stamp "done (rc $rc)"

@@ -1,0 +1,110 @@
+"""The performance analysis scripts on the CPU: bench/profile_breakdown.py's op-to-category table on a
+profile a real CPU PROFILE job (ftd + ftctl + ftd-worker) just recorded, and bench/roofline.py's FLOP
+count against a count by hand and against torch.utils.flop_counter on a tiny HF LLaMA."""
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from ftdservice import TINY, ftctl, submit
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_profile_breakdown_of_a_recorded_cpu_profile(daemon, tmp_path):
+    bd = load("profile_breakdown")
+    job = submit(daemon, dict(TINY, profile={"warmup_steps": 1, "steps": 2}), "--kind", "profile")
+    assert ftctl(daemon, "wait", job, timeout=300).returncode == 0
+    fixture = tmp_path / "cpu-profile.json"
+    fixture.write_text(ftctl(daemon, "profile", job, "-o", "json").stdout)
+    report = json.loads(fixture.read_text())
+
+    by_name = {}
+    for op in report["ops"]:
+        by_name.setdefault(op["name"], set()).add(bd.category_of(op))
+    assert by_name["aten::mm"] == {"GEMM"}
+    assert by_name["aten::_fused_adamw_"] == {"optimizer"}
+    assert {"elementwise/norm/rope"} == by_name["aten::rsqrt"] == by_name["aten::pow"]  # RMSNorm's pieces
+    assert any("attention" in c for n, c in by_name.items() if "scaled_dot_product" in n or "flash" in n)
+    ce = [op for op in report["ops"] if op["category"] == "cross_entropy"]
+    assert ce and {bd.category_of(op) for op in ce if not op["name"].startswith("aten::mm")} == {"cross-entropy"}
+
+    ms = bd.breakdown(report)
+    for c in ("GEMM", "attention", "cross-entropy", "optimizer", "elementwise/norm/rope"):
+        assert ms[c] > 0, (c, ms)
+    assert ms["communication"] == 0 and ms["other"] == 0, ms
+    # the categories and the gaps add up to the step's wall time
+    assert sum(ms[c] for c in bd.CATEGORIES + (bd.IDLE,)) == pytest.approx(report["step_wall_ms"], rel=1e-9)
+    assert ms[bd.IDLE] == pytest.approx(report["step_wall_ms"] - report["step_device_ms"], rel=1e-9)
+
+    # device kernels no op claimed and collectives, as they appear on a GPU
+    assert bd.category_of({"name": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "category": "other"}) == "communication"
+    assert bd.category_of({"name": "c10d::allreduce_", "category": "other"}) == "communication"
+    assert bd.category_of({"name": "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", "category": "other"}) == "GEMM"
+    assert bd.category_of({"name": "nvjet_tst_192x192_64x3_1x2_h_bz_coopB_TNT", "category": "other"}) == "GEMM"
+    assert bd.category_of({"name": "aten::broadcast_tensors", "category": "other"}) == "elementwise/norm/rope"
+    assert bd.category_of({"name": "flash_fwd_kernel", "category": "attention"}) == "attention"
+    assert bd.category_of({"name": "ftd::swiglu_forward", "category": "swiglu"}) == "elementwise/norm/rope"
+
+    p = subprocess.run([sys.executable, str(BENCH / "profile_breakdown.py"), "--report", str(fixture)],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    rows = {l.split("|")[1].strip(): l for l in p.stdout.splitlines() if l.startswith("| ")}
+    assert {"GEMM", "attention", "cross-entropy", "optimizer", "elementwise/norm/rope", "communication", "idle/gaps",
+            "step wall time"} <= set(rows), p.stdout
+    assert f"{report['step_wall_ms']:.2f} | 100.0%" in rows["step wall time"]
+
+
+# A tiny config, counted by hand below.
+TINY_CFG = SimpleNamespace(hidden_size=8, intermediate_size=12, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, head_dim=2, vocab_size=16, tie_word_embeddings=False)
+
+
+def test_step_flops_match_a_count_by_hand():
+    rf = load("roofline")
+    # Weights of one layer: q 8x8, k 8x4, v 8x4, o 8x8, gate/up/down 8x12 each = 64+32+32+64+96*3 = 480;
+    # two layers and lm_head 16x8: 960 + 128 = 1088. Batch 2 x seq 3 = 6 tokens, 2 FLOPs a weight a token.
+    linear_forward = 2 * 1088 * 6  # 13,056
+    # Attention per layer and sequence: 4 heads x (QK^T: 3x2 @ 2x3, 18 MACs; PV: 3x3 @ 3x2, 18 MACs) =
+    # 4 x 36 MACs = 288 FLOPs; 2 sequences x 2 layers = 1,152 FLOPs; the causal mask halves it.
+    attention_forward = 1152
+    f = rf.step_flops(TINY_CFG, 2, 3, causal=False)
+    assert f["forward"] == linear_forward + attention_forward
+    assert f["total"] == 3 * (13056 + 1152) == 42624  # backward: twice the forward
+    assert rf.step_flops(TINY_CFG, 2, 3)["total"] == 3 * (13056 + 576)
+    # AdamW over every parameter (+ embedding 16x8, 2 norms a layer of 8, the final norm): bf16 reads
+    # p, g, m, v and writes p, m, v: 14 bytes a parameter; fp32 moments: 22.
+    n = 1088 + 128 + 2 * 2 * 8 + 8
+    assert rf.all_params(TINY_CFG) == n
+    assert rf.optimizer_bytes(n) == 14 * n and rf.optimizer_bytes(n, state_bytes=4) == 22 * n
+
+
+def test_step_flops_match_torch_flop_counter_on_hf_llama():
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from torch.utils.flop_counter import FlopCounterMode
+    rf = load("roofline")
+    cfg = transformers.LlamaConfig(vocab_size=96, hidden_size=48, intermediate_size=80, num_hidden_layers=3,
+                                   num_attention_heads=6, num_key_value_heads=2, head_dim=8,
+                                   tie_word_embeddings=False)
+    torch.manual_seed(0)
+    # eager attention: QK^T and PV as plain matmuls over the whole square, which the counter sees
+    model = transformers.LlamaForCausalLM._from_config(cfg, attn_implementation="eager")
+    B, T = 2, 7
+    ids = torch.randint(0, cfg.vocab_size, (B, T + 1))
+    with FlopCounterMode(display=False) as counter:
+        logits = model(input_ids=ids[:, :-1]).logits
+        torch.nn.functional.cross_entropy(logits.reshape(-1, cfg.vocab_size), ids[:, 1:].reshape(-1)).backward()
+    rotary_table = 2 * (cfg.head_dim // 2) * T  # HF's inv_freq @ positions, forward only, one position row
+    assert counter.get_total_flops() == rf.step_flops(cfg, B, T, causal=False)["total"] + rotary_table
