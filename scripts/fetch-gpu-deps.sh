@@ -7,5 +7,5 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 kit=${FTD_DEVICE_KIT:-$root/../shared/device}
 cd "$root"
 bash "$kit/fetch-debs.sh"
-(cd .devdeps/debs && apt-get download -qq nlohmann-json3-dev libcli11-dev libpcre2-dev libpcre2-8-0 libyaml-cpp-dev libyaml-cpp0.7 >/dev/null)
-echo "plus nlohmann-json3-dev, libcli11-dev, libpcre2-dev and libyaml-cpp-dev: $(ls .devdeps/debs | wc -l) packages"
+(cd .devdeps/debs && apt-get download -qq nlohmann-json3-dev libcli11-dev libpcre2-dev libpcre2-8-0 libyaml-cpp-dev libyaml-cpp0.7 libgloo-dev >/dev/null)
+echo "plus nlohmann-json3-dev, libcli11-dev, libpcre2-dev, libyaml-cpp-dev and libgloo-dev: $(ls .devdeps/debs | wc -l) packages"

@@ -4,7 +4,7 @@
 # prometheus-cpp, GoogleTest, CLI11, JSON) come unpacked from .devdeps/ when present
 # (scripts/fetch-gpu-deps.sh fills it on a development machine). Results go to $OUT (default gpu-out/).
 #   scripts/gpu.sh [STAGE...]    stages, run in the order given: build test kbench e2e lora data service
-#                                profile ckpt pack ab fp8 perf perf-long perf-peers perf-levers lora-ac breakdown
+#                                profile ckpt pack dist ab fp8 perf perf-long perf-peers perf-levers lora-ac breakdown
 #                                roofline fp8-curve default (none given: build test kbench e2e lora service profile)
 #   breakdown: one step's device time by category (GEMM, attention, cross-entropy, optimizer,
 #       elementwise/norm/rope, communication, idle) from PROFILE jobs, fused set, 4x2048 and 1x512
@@ -23,6 +23,8 @@
 #       fp8 (tests/python/test_gpu_fp8.py, its printed curves kept in fp8_curve.log).
 #   pack: two 8B LoRA jobs sharing GPU 0 through ftd (--jobs-per-gpu 2) against one alone (PACK_ARGS:
 #       bench/pack_bench.py flags).
+#   dist: data parallel on a host with 2+ GPUs (DIST_GPUS, default 2): tests/python/test_distributed.py
+#       with NCCL, then bench/dist_bench.py (8B, 4x2048 per GPU, 1 vs N GPUs, with/without ZeRO-1; DIST_ARGS).
 #   ab: this tree's ftd-worker against another version's, the 8B fused step in one invocation
 #       (BASE_SRC: that version's source tree, e.g. `git archive REV | tar x -C base-src`;
 #       AB_ARGS: bench/train_bench.py flags, default --shapes 4x2048 --repeat 3).
@@ -108,6 +110,15 @@ for stage in "${stages[@]}"; do
     pack)
       stamp "two 8B LoRA jobs on one GPU through ftd, against one alone"
       python3 bench/pack_bench.py --build "$build" --out "$out" ${PACK_ARGS:-} 2>&1 | tee "$out/pack_bench.log" ;;
+    dist)
+      # Needs a host with 2+ GPUs (nvidia-h100-x2 / nvidia-h200-x2): the CPU suite's checks with NCCL,
+      # then the 8B shape at 4x2048 per GPU on 1 and 2 GPUs, with and without ZeRO-1.
+      stamp "data parallel: NCCL checks, then 1 vs ${DIST_GPUS:-2} GPUs with and without ZeRO-1"
+      (cd tests/python && FTD_BUILD_DIR="$build" FTD_TEST_DEVICE=cuda FTD_TEST_NO_SKIP=1 \
+        python3 -m pytest -q test_distributed.py 2>&1) > "$out/dist_test.log" || rc=1
+      tail -5 "$out/dist_test.log"
+      python3 bench/dist_bench.py --worker "$build/worker/ftd-worker" --out "$out" --gpus "${DIST_GPUS:-2}" \
+        ${DIST_ARGS:-} 2>&1 | tee "$out/dist_bench.log" | grep -v "^{" ;;
     ab)
       stamp "this build against ${BASE_SRC:-base-src}"
       base_build=$root/build-base
@@ -178,7 +189,7 @@ for stage in "${stages[@]}"; do
     default)
       "$build/worker/ftd-worker" run --default --format text --set steps=${DEFAULT_STEPS:-10} 2>&1 \
         | tee "$out/default-job.log" | tail -4 ;;
-    *) echo "gpu.sh: unknown stage $stage (build test kbench e2e lora data service profile ckpt pack ab fp8 fp8-curve perf perf-long perf-peers perf-levers lora-ac breakdown roofline default)"; exit 2 ;;
+    *) echo "gpu.sh: unknown stage $stage (build test kbench e2e lora data service profile ckpt pack dist ab fp8 fp8-curve perf perf-long perf-peers perf-levers lora-ac breakdown roofline default)"; exit 2 ;;
   esac
 done
 stamp "done (rc $rc)"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One-time (idempotent, quick when already done) set-up of a Debian 12 machine for ftd:
 #   1. Debian packages: compilers, CMake, gRPC/protobuf, Abseil, prometheus-cpp, SQLite, GoogleTest, CLI11, JSON, PCRE2, yaml-cpp,
+#      Gloo's headers (data-parallel CPU ranks),
 #      and Prometheus itself (prometheus, promtool: tests/python/test_prometheus.py checks deploy/ with them),
 #      and clang with its runtime libraries (libFuzzer: scripts/fuzz.sh).
 #   2. A project-local virtual environment (.venv, ignored by git) with LibTorch from PyPI's torch==2.11.0,
@@ -13,7 +14,7 @@ cd "$root"
 debs=(build-essential cmake ninja-build pkg-config git python3 python3-venv
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
       prometheus-cpp-dev libsqlite3-dev sqlite3 libgtest-dev libgmock-dev nlohmann-json3-dev libcli11-dev
-      libpcre2-dev libyaml-cpp-dev openssl prometheus clang libclang-rt-dev)
+      libpcre2-dev libyaml-cpp-dev openssl prometheus clang libclang-rt-dev libgloo-dev)
 missing=()
 for p in "${debs[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
 if ((${#missing[@]})); then

@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "server/job_events.h"
 #include "server/job_files.h"
 #include "server/memory_fit.h"
@@ -227,6 +228,7 @@ std::optional<std::chrono::milliseconds> JobManager::Tick() {
       {
         std::lock_guard<std::mutex> view(view_mu_);
         waits_for_memory_ = plan.waits_for_memory;
+        waits_for_gpus_ = plan.waits_for_gpus;
       }
       // An owner held by the GPU-hours quota is looked at again in a minute: usage leaves the window.
       for (const auto& [name, o] : owners) {
@@ -352,6 +354,7 @@ std::map<std::string, OwnerState> JobManager::OwnersLocked(int64_t now_ms) const
     return true;
   });
   for (const auto& [slot, use] : slot_use_) {
+    if (!use.primary) continue;  // a job's other GPUs
     if (auto it = owners.find(use.owner); it != owners.end()) ++it->second.running;
   }
   for (auto& [name, o] : owners) {
@@ -416,6 +419,7 @@ absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::SubmitWith(
   env.name = "this ftd";
   env.gpus = cfg_.gpus > 0 ? 1 : 0;  // a job gets one GPU, which it sees as cuda:0
   env.gpu_compute_capability = cfg_.gpu_compute_capability;
+  env.host_gpus = cfg_.gpus;          // or spec.gpus of them, all of one host
   auto config = ftd::spec::Validate(req.spec(), env);
   if (!config.ok()) return config.status();
   if (auto st = ftd::spec::CheckInputFiles(*config); !st.ok()) return st;
@@ -554,6 +558,12 @@ void JobManager::AnnotateLocked(Job* job, const QueueView& view) const {
     reason = "QUOTA";
     why = absl::StrCat("user ", job->owner(), " runs ", owner.running, " job(s), the limit for the user (running=",
                        owner.max_running, "); ");
+  } else if (waits_for_gpus_ == job->id()) {
+    reason = "WAITING_FOR_GPUS";
+    int whole = 0;
+    for (const GpuRoom& r : RoomsLocked()) whole += r.gpu >= 0 && r.jobs == 0 && !r.free_slots.empty() ? 1 : 0;
+    why = absl::StrCat("waits for ", SlotsNeeded(job->spec()), " free GPUs at once (spec.gpus; ", whole,
+                       " with no job on them now); ");
   } else if (waits_for_memory_ == job->id()) {
     reason = "WAITING_FOR_MEMORY";
     int64_t most = 0;
@@ -966,6 +976,9 @@ absl::StatusOr<std::string> JobManager::TracePath(const std::string& id) {
 absl::StatusOr<LaunchRequest> JobManager::StartLocked(const Placement& p) {
   const std::string& job_id = p.job_id;
   const std::string& slot = p.slot;
+  std::vector<std::string> all = {slot};
+  all.insert(all.end(), p.more_slots.begin(), p.more_slots.end());
+  const std::string where = absl::StrJoin(all, "+");
   const int64_t now = clock_->UnixMs();
   auto job = TransitionLocked(job_id, [&](Job& job) {
     if (job.state() != ftd::v1::QUEUED) return absl::FailedPreconditionError("no longer queued");
@@ -974,7 +987,7 @@ absl::StatusOr<LaunchRequest> JobManager::StartLocked(const Placement& p) {
     job.set_slot(slot);
     job.set_started_unix_ms(now);
     job.set_reason("RUNNING");
-    job.set_message(absl::StrCat("attempt ", job.attempt(), " of ", job.max_attempts(), " on ", slot));
+    job.set_message(absl::StrCat("attempt ", job.attempt(), " of ", job.max_attempts(), " on ", where));
     job.set_queue_position(0);
     return absl::OkStatus();
   });
@@ -988,10 +1001,12 @@ absl::StatusOr<LaunchRequest> JobManager::StartLocked(const Placement& p) {
                ? std::min(1.0, static_cast<double>(gpu_bytes) / static_cast<double>(cfg_.memory.gpu_bytes))
                : 1.0 / cfg_.jobs_per_gpu;
   }
+  if (!p.more_slots.empty()) gpus = static_cast<double>(1 + p.more_slots.size());  // whole GPUs
   {
     std::lock_guard<std::mutex> view(view_mu_);
     queue_.Remove(job_id);
-    slot_use_[slot] = {job_id, job->owner(), gpu_bytes};
+    slot_use_[slot] = {job_id, job->owner(), gpu_bytes, true};
+    for (const auto& s : p.more_slots) slot_use_[s] = {job_id, job->owner(), -1, false};
     usage_.Open(job_id, job->owner(), gpus, now);
   }
   PublishGpusLocked();
@@ -1003,6 +1018,7 @@ absl::StatusOr<LaunchRequest> JobManager::StartLocked(const Placement& p) {
   a.owner = job->owner();
   a.gpu = p.gpu;
   a.gpus = gpus;
+  a.more_slots = p.more_slots;
   a.kernel_set = ftd::spec::KernelSetOf(job->spec());
   a.attempt = job->attempt();
   a.totals.step = job->last_step().step();
@@ -1010,7 +1026,7 @@ absl::StatusOr<LaunchRequest> JobManager::StartLocked(const Placement& p) {
   a.started_ms = now;
   a.last_seen_ms = clock_->SteadyMs();
   running_[job_id] = a;
-  return LaunchRequest{job_id, a.attempt, a.token, slot, p.gpu};
+  return LaunchRequest{job_id, a.attempt, a.token, slot, p.gpu, p.more_slots, p.more_gpus, std::max(1, job->spec().gpus())};
 }
 
 void JobManager::Launched(const LaunchRequest& req, const absl::StatusOr<int64_t>& pid) {
@@ -1266,6 +1282,7 @@ bool JobManager::FinishLocked(Attempt& a, const WorkerEnd& end) {
     if (IsTerminal(job->state())) metrics_->JobFinished(job->state(), info.code, (now - a.started_ms) / 1000.0);
     metrics_->SlotIdle(a.slot);
     slot_use_.erase(a.slot);
+    for (const auto& s : a.more_slots) slot_use_.erase(s);
     used = usage_.Close(a.job_id, a.ended_ms);
     phases_.erase(a.job_id);
   }

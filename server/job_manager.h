@@ -185,6 +185,7 @@ class JobManager {
     int gpu = -1;                 // CUDA index; -1: the CPU
     double gpus = 1;              // GPUs it counts for in usage (a share when it shares one)
     int64_t ended_ms = 0;         // unix ms its end was first seen (0: running)
+    std::vector<std::string> more_slots;  // a job on several GPUs: the others it holds
     ftd::spec::KernelSet kernel_set = ftd::spec::KernelSet::kEager;
     int attempt = 0;
     int64_t pid = 0;              // 0 while the launcher is starting it
@@ -263,10 +264,12 @@ class JobManager {
   struct SlotUse {
     std::string job_id, owner;
     int64_t gpu_bytes = -1;  // QueuedJob::gpu_bytes of the job on it
+    bool primary = true;     // false: one of the other GPUs of a job on several
   };
   std::map<std::string, SlotUse> slot_use_;  // busy slots
   UsageLedger usage_;                        // GPU time by owner (quotas, fair share)
   std::string waits_for_memory_;             // the job the last round left waiting for GPU memory
+  std::string waits_for_gpus_;               // the job on several GPUs it left waiting for whole GPUs
   std::map<std::string, ftd::v1::JobPhase> phases_;  // job id -> the long phase its worker is in (Job.phase)
   std::map<ftd::v1::JobState, int64_t> counts_;    // jobs in the store by state (the ftd_jobs gauge)
   bool draining_ = false;

@@ -17,7 +17,7 @@ bool JobQueue::Put(const ftd::v1::Job& job) {
   const auto seq = SubmissionSeq(job.id());
   if (!seq.has_value()) return false;
   Remove(job.id());
-  QueuedJob q{job.id(), job.priority(), *seq, job.not_before_unix_ms(), job.owner(), -1};
+  QueuedJob q{job.id(), job.priority(), *seq, job.not_before_unix_ms(), job.owner(), -1, SlotsNeeded(job.spec())};
   if (job.spec().device() == "cpu") {
     q.gpu_bytes = 0;
   } else if (job.predicted_peak_bytes() > 0) {

@@ -4,6 +4,7 @@
 // not O(queue) per job.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <ext/pb_ds/assoc_container.hpp>
 #include <ext/pb_ds/tree_policy.hpp>
@@ -24,7 +25,13 @@ struct QueuedJob {
   std::string owner;
   // Predicted GPU memory (Job.predicted_peak_bytes): 0 for a job on the CPU, -1 when unknown.
   int64_t gpu_bytes = -1;
+  int gpus = 1;               // GPU slots it takes at once, all or none (spec.gpus; 1 on device "cpu")
 };
+
+// GPU slots a job takes at once: spec.gpus, or 1 for a CPU job (its ranks share the CPU slot).
+inline int SlotsNeeded(const ftd::v1::TrainSpec& spec) {
+  return spec.device() == "cpu" ? 1 : std::max(1, spec.gpus());
+}
 
 // The submission sequence encoded in a job id ("j-000042" -> 42; ids are "j-" and the store's
 // AUTOINCREMENT key, at least six digits). nullopt for anything else.

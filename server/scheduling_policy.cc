@@ -86,13 +86,39 @@ SchedulingPlan Schedule(const SchedulingInput& in) {
     const OwnerState& owner = StateOf(in.owners, job->owner);
     if (!owner.held.empty()) continue;
     if (owner.max_running > 0 && owner.running + started[job->owner] >= owner.max_running) continue;
+    if (job->gpus > 1) {
+      // A job on several GPUs takes that many whole free GPUs (no other job on them) all at once,
+      // or waits holding its place: no job behind it takes the GPUs it waits for.
+      std::vector<size_t> whole;
+      for (size_t i = 0; i < rooms.size() && whole.size() < static_cast<size_t>(job->gpus); ++i) {
+        if (rooms[i].gpu >= 0 && rooms[i].jobs == 0 && !rooms[i].free_slots.empty()) whole.push_back(i);
+      }
+      if (whole.size() < static_cast<size_t>(job->gpus)) {
+        plan.waits_for_gpus = job->id;
+        break;
+      }
+      Placement p{job->id, rooms[whole[0]].free_slots.front(), rooms[whole[0]].gpu, {}, {}};
+      for (size_t k = 0; k < whole.size(); ++k) {
+        GpuRoom& r = rooms[whole[k]];
+        if (k > 0) {
+          p.more_slots.push_back(r.free_slots.front());
+          p.more_gpus.push_back(r.gpu);
+        }
+        r.free_slots.erase(r.free_slots.begin());
+        ++r.jobs;
+        r.exclusive = true;
+      }
+      plan.starts.push_back(std::move(p));
+      ++started[job->owner];
+      continue;
+    }
     const int b = BestRoom(rooms, job->gpu_bytes, in.margin_bytes);
     if (b < 0) {
       plan.waits_for_memory = job->id;
       break;
     }
     GpuRoom* best = &rooms[b];
-    plan.starts.push_back({job->id, best->free_slots.front(), best->gpu});
+    plan.starts.push_back({job->id, best->free_slots.front(), best->gpu, {}, {}});
     best->free_slots.erase(best->free_slots.begin());
     ++best->jobs;
     if (job->gpu_bytes < 0) {

@@ -11,7 +11,8 @@
 // GPU needs only to fit the GPU (submit refuses one that does not). A job of unknown size gets a GPU
 // of its own. Among the GPUs it fits, a job goes to the fullest (packing keeps whole GPUs free for
 // large jobs). The first job in order that fits nowhere waits, and the jobs behind it wait too, so a
-// large job is not overtaken forever by small ones.
+// large job is not overtaken forever by small ones. A job on N GPUs (spec.gpus) takes N GPUs with
+// no other job on them all at once, or waits the same way.
 #pragma once
 
 #include <cstdint>
@@ -56,6 +57,8 @@ struct Placement {
   std::string job_id;
   std::string slot;
   int gpu = -1;
+  std::vector<std::string> more_slots;  // a job with gpus > 1: its other GPUs
+  std::vector<int> more_gpus;            // their CUDA device indices
 };
 
 struct SchedulingPlan {
@@ -65,6 +68,8 @@ struct SchedulingPlan {
   std::optional<int64_t> recheck_at_ms;
   // The job that fits on no GPU now (its predicted peak) and holds up those behind it; empty: none.
   std::string waits_for_memory;
+  // The job on several GPUs that finds too few whole free GPUs and holds up those behind it.
+  std::string waits_for_gpus;
 };
 
 SchedulingPlan Schedule(const SchedulingInput& in);

@@ -74,7 +74,10 @@ absl::StatusOr<pid_t> Supervisor::Spawn(const SpawnRequest& req) {
   posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
   posix_spawn_file_actions_addopen(&fa, 1, req.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
   posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  posix_spawnattr_setpgroup(&attr, 0);  // a process group of its own: cancel signals the whole group
+  // A process group of its own (cancel signals the whole group), or the group of the job's rank 0.
+  // That group cannot have been reused: its leader is our child and not reaped before its ranks are
+  // started (ProcessLauncher holds its lock across the spawns and its exit handler takes it).
+  posix_spawnattr_setpgroup(&attr, req.process_group);
   sigset_t none, all;
   sigemptyset(&none);
   sigfillset(&all);
@@ -168,7 +171,8 @@ void Supervisor::Reap() {
       {
         std::lock_guard<std::mutex> l(mu_);
         // The worker is gone but not reaped: its pid, and so its group id, is still ours. Whatever it
-        // left in its group goes with it.
+        // left in its group goes with it. (A rank that joined another's group leads none: nothing is
+        // signalled here, and ProcessLauncher decides about its group.)
         ::kill(-pid, SIGKILL);
         if (::waitpid(pid, &status, WNOHANG) != pid) continue;  // not exited after all (cannot happen)
         ::close(live_[pid]);

@@ -25,6 +25,7 @@ struct SpawnRequest {
   std::vector<std::string> args;                         // argv[1..]
   std::vector<std::pair<std::string, std::string>> env;  // added to / overriding the daemon's
   std::string log_path;                                  // stdout and stderr, appended
+  pid_t process_group = 0;  // join this child's group (a rank of the same job); 0: a group of its own
 };
 
 class Supervisor {
@@ -40,7 +41,7 @@ class Supervisor {
   void Stop(pid_t pid, int grace_ms, int sig);
   // A child being stopped gets its SIGKILL no sooner than `grace_ms` from now.
   void Postpone(pid_t pid, int grace_ms);
-  // SIGKILL to the process group of a child not yet reaped.
+  // SIGKILL to the process group of a child not yet reaped (a group leader).
   void Kill(pid_t pid);
 
  private:

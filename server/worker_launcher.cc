@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "server/supervisor.h"
 
 namespace ftd::server {
@@ -35,32 +36,77 @@ absl::StatusOr<int64_t> ProcessLauncher::Launch(const LaunchRequest& req) {
   // the process's owner.
   s.env.emplace_back(kAttemptTokenEnv, req.token);
   s.log_path = (dir / "worker.log").string();
-  if (req.gpu >= 0) s.env.emplace_back("CUDA_VISIBLE_DEVICES", std::to_string(req.gpu));
+  // Every GPU of the job, rank 0's first: rank r uses the r-th.
+  if (req.gpu >= 0) {
+    std::vector<int> gpus = {req.gpu};
+    gpus.insert(gpus.end(), req.more_gpus.begin(), req.more_gpus.end());
+    s.env.emplace_back("CUDA_VISIBLE_DEVICES", absl::StrJoin(gpus, ","));
+  }
   s.env.emplace_back("FTD_SLOT", req.slot);
-  // Held across the spawn so that an immediate exit is not reported before the pid is known.
+  // NVLink multicast off in every process ftd starts (docs/distributed.md).
+  s.env.emplace_back("NCCL_NVLS_ENABLE", "0");
+  s.env.emplace_back("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1");
+  s.env.emplace_back("NVSHMEM_DISABLE_NVLS", "1");
+  const std::string store = (dir / absl::StrCat("rendezvous-", req.attempt, ".store")).string();
+  if (req.ranks > 1) fs::remove(store, ec);  // a new file per attempt (c10d's FileStore appends)
+  // Held across the spawns so that an immediate exit is not reported before the pids are known.
   std::lock_guard<std::mutex> l(mu_);
   Running r{req.job_id, req.attempt, "", SystemOomKills()};
-  auto pid = supervisor_->Spawn(s);
-  if (!pid.ok()) return pid.status();
-  // Moved right after exec, before the worker loads anything (posix_spawn returns once it has exec'd).
-  if (cfg_.cgroups != nullptr) {
-    const std::string name = absl::StrCat(req.job_id, "-", req.attempt);
-    if (auto st = cfg_.cgroups->Place(name, *pid); st.ok()) {
-      r.cgroup = name;
+  r.live_ranks = req.ranks;
+  const std::string cgroup = absl::StrCat(req.job_id, "-", req.attempt);
+  pid_t leader = 0;
+  std::vector<pid_t> followers;
+  for (int rank = 0; rank < req.ranks; ++rank) {
+    SpawnRequest rs = s;
+    if (req.ranks > 1) rs.args.insert(rs.args.end(), {"--rank", absl::StrCat(rank), "--store", store});
+    rs.process_group = leader;  // rank 0: a group of its own; the others join it
+    auto pid = supervisor_->Spawn(rs);
+    if (!pid.ok()) {
+      if (leader != 0) supervisor_->Kill(leader);  // its exit finds no attempt and is not reported
+      return pid.status();
+    }
+    if (rank == 0) {
+      leader = *pid;
     } else {
-      std::cerr << "ftd: job " << req.job_id << " runs without a memory limit: " << st.message() << std::endl;
+      followers.push_back(*pid);
+    }
+    // Moved right after exec, before the worker loads anything (posix_spawn returns once it has
+    // exec'd); the ranks of a job share its cgroup and its limit.
+    if (cfg_.cgroups != nullptr && (rank == 0 || !r.cgroup.empty())) {
+      if (auto st = cfg_.cgroups->Place(cgroup, *pid); st.ok()) {
+        r.cgroup = cgroup;
+      } else {
+        std::cerr << "ftd: job " << req.job_id << " runs without a memory limit: " << st.message() << std::endl;
+      }
     }
   }
-  attempts_[*pid] = std::move(r);
-  return static_cast<int64_t>(*pid);
+  for (pid_t f : followers) followers_[f] = leader;
+  attempts_[leader] = std::move(r);
+  return static_cast<int64_t>(leader);
 }
 
-void ProcessLauncher::OnExit(pid_t pid, ExitStatus st) {
+void ProcessLauncher::OnExit(pid_t reaped, ExitStatus rank_status) {
   // Under the lock: SetExitHandler(nullptr) returns only once no handler call is in flight.
   std::lock_guard<std::mutex> l(mu_);
+  pid_t pid = reaped;  // the attempt's rank 0
+  if (auto f = followers_.find(reaped); f != followers_.end()) {
+    pid = f->second;
+    followers_.erase(f);
+  }
   auto it = attempts_.find(pid);
   if (it == attempts_.end()) return;
-  const Running r = std::move(it->second);
+  Running& running = it->second;
+  if (reaped == pid) {
+    running.leader_gone = true;  // the reaper killed whatever was left in its group
+    running.leader_status = rank_status;
+  } else if ((rank_status.signaled || rank_status.code != 0) && !running.leader_gone && !running.first_failure) {
+    // A rank failed while rank 0 ran: no rank is left behind, and the attempt ends as this rank did.
+    running.first_failure = rank_status;
+    supervisor_->Kill(pid);
+  }
+  if (--running.live_ranks > 0) return;  // reported once every rank is reaped
+  ExitStatus st = running.first_failure.value_or(running.leader_status);
+  const Running r = std::move(running);
   attempts_.erase(it);
   bool killed = false;
   {

@@ -11,9 +11,11 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "server/exit_status.h"
@@ -32,6 +34,9 @@ struct LaunchRequest {
   std::string token;  // the attempt's secret, checked on every worker message
   std::string slot;   // "gpu:N", "gpu:N/k" (one of several jobs on GPU N) or "cpu"
   int gpu = -1;       // the CUDA device it runs on (CUDA_VISIBLE_DEVICES); -1: none
+  std::vector<std::string> more_slots;  // gpus > 1: the job's other GPUs' slots
+  std::vector<int> more_gpus;           // and their CUDA devices, in the same order
+  int ranks = 1;      // worker processes (spec.gpus), rank 0 first; one process group, one exit
 };
 
 // How a worker is asked to stop: SIGTERM, write a checkpoint and stop (drain, cancel --checkpoint);
@@ -69,6 +74,11 @@ struct ProcessLauncherConfig {
 // `<worker_binary> agent --address A --job J --attempt N` with the token in $FTD_ATTEMPT_TOKEN, in a
 // process group of its own, CUDA_VISIBLE_DEVICES set to its GPU, output appended to jobs/<id>/worker.log, in a cgroup of its
 // own when `cgroups` is set. The exit it reports says whether the kernel's OOM killer ended it.
+// A data-parallel attempt (ranks > 1) is one such process per rank, with `--rank r --store
+// jobs/<id>/rendezvous-<attempt>.store`, every GPU of the job visible to each, all in rank 0's
+// process group (so Stop and Kill reach every rank): a rank that fails kills the group, and the
+// attempt's exit is reported once every rank is gone, as the first failed rank's (else rank 0's).
+// Every process gets NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1.
 class ProcessLauncher final : public WorkerLauncher {
  public:
   explicit ProcessLauncher(ProcessLauncherConfig cfg);
@@ -87,13 +97,18 @@ class ProcessLauncher final : public WorkerLauncher {
     int attempt = 0;
     std::string cgroup;          // its cgroup's name; empty: none
     int64_t oom_kills = -1;      // /proc/vmstat's oom_kill count at its start (without a cgroup)
+    int live_ranks = 1;          // processes of the attempt not yet reaped
+    bool leader_gone = false;    // rank 0 was reaped (its group was killed then)
+    ExitStatus leader_status;
+    std::optional<ExitStatus> first_failure;  // of a rank > 0 that failed while rank 0 ran
   };
   void OnExit(pid_t pid, ExitStatus st);
   void MarkKilled(int64_t pid);
   ProcessLauncherConfig cfg_;
   ExitHandler handler_;
   std::mutex mu_;
-  std::map<pid_t, Running> attempts_;
+  std::map<pid_t, Running> attempts_;  // by rank 0's pid
+  std::map<pid_t, pid_t> followers_;    // a rank > 0's pid -> its rank 0's pid
   // Workers ftd sent SIGKILL (or a Stop, which may end in one). A lock of its own: Stop and Kill are
   // called under the job manager's lock, which the exit handler takes under mu_.
   std::mutex killed_mu_;

@@ -53,14 +53,16 @@ PeakMemory PredictPeakMemory(const LlamaConfig& m, const TrainConfig& c, bool gp
   }
 
   PeakMemory p;
+  // ZeRO-1 (optimizer.shard_state): each rank keeps the AdamW state (and masters) of 1/gpus of them.
+  const double shards = c.optimizer.shard_state ? std::max(1, c.gpus) : 1;
   if (lora.enabled) {
     p.weights = params * e + adapter_params * ea;
-    p.optimizer = 2 * adapter_params * ea;
+    p.optimizer = 2 * adapter_params * ea / shards;
     p.gradients = adapter_params * ea;
   } else {
     const bool masters = c.fp32_master_weights && bf16;
-    p.weights = params * e + (masters ? 4 * params : 0);
-    p.optimizer = 2 * params * (masters ? 4 : e);
+    p.weights = params * e + (masters ? 4 * params / shards : 0);
+    p.optimizer = 2 * params * (masters ? 4 : e) / shards;
     p.gradients = params * e;
   }
   if (k[KernelOp::kMatmul]) {  // FP8 matmuls: an E4M3 copy of every projection weight (1 byte an element)

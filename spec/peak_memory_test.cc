@@ -33,6 +33,18 @@ TEST(PeakMemory, FullFineTuningWithinTenPercentOfMeasuredH200Peaks) {
   }
 }
 
+TEST(PeakMemory, ShardedOptimizerStateKeepsItsShareOnEachRank) {
+  const auto m = *PresetLlamaConfig("llama-3.1-8b");
+  TrainConfig c = Job(4, 2048, "fused");
+  c.gpus = 2;
+  const auto plain = PredictPeakMemory(m, c, /*gpu=*/true);
+  c.optimizer.shard_state = true;
+  const auto zero1 = PredictPeakMemory(m, c, /*gpu=*/true);
+  EXPECT_DOUBLE_EQ(zero1.optimizer, plain.optimizer / 2);
+  EXPECT_DOUBLE_EQ(zero1.weights, plain.weights);
+  EXPECT_NEAR((plain.optimizer - zero1.optimizer) / kGiB, 14.96, 0.01);  // half of 2 bf16 moments of 8.03 B
+}
+
 TEST(PeakMemory, LoraHoldsTheFrozenBaseAndLittleElse) {
   const auto m = *PresetLlamaConfig("llama-3.1-8b");
   auto c = Job(1, 512, "fused");

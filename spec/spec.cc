@@ -123,6 +123,7 @@ absl::StatusOr<TrainConfig> ToTrainConfig(const ftd::v1::TrainSpec& s) {
   if (o.has_eps()) c.optimizer.eps = o.eps();
   if (o.has_weight_decay()) c.optimizer.weight_decay = o.weight_decay();
   if (o.has_grad_clip()) c.optimizer.grad_clip = o.grad_clip();
+  if (o.has_shard_state()) c.optimizer.shard_state = o.shard_state();
   const auto& sc = s.schedule();
   if (sc.has_kind()) c.schedule.kind = sc.kind();
   if (sc.has_warmup_steps()) c.schedule.warmup_steps = sc.warmup_steps();
@@ -137,6 +138,7 @@ absl::StatusOr<TrainConfig> ToTrainConfig(const ftd::v1::TrainSpec& s) {
   if (s.has_batch_size()) c.batch_size = s.batch_size();
   if (s.has_seq_len()) c.seq_len = s.seq_len();
   if (s.has_grad_accum_steps()) c.grad_accum_steps = s.grad_accum_steps();
+  if (s.has_gpus()) c.gpus = s.gpus();
   if (s.has_device()) c.device = s.device();
   if (s.has_dtype()) c.dtype = s.dtype();
   if (s.has_fp32_master_weights()) c.fp32_master_weights = s.fp32_master_weights();

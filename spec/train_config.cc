@@ -133,6 +133,16 @@ absl::Status TrainConfig::Validate() const {
   if (!(s = IntInRange("seq_len", seq_len, 1, kMaxSeqLen)).ok()) return s;
   if (!(s = IntInRange("grad_accum_steps", grad_accum_steps, 1, kMaxGradAccumSteps)).ok()) return s;
   if (!(s = IntInRange("log_every", log_every, 1, kMaxSteps)).ok()) return s;
+  if (!(s = IntInRange("gpus", gpus, 1, device == "cpu" ? kMaxCpuRanks : kMaxGpus,
+                       device == "cpu" ? " (CPU ranks, joined through Gloo)" : " (GPUs of one host)"))
+           .ok()) {
+    return s;
+  }
+  if (gpus > 1 && absl::StartsWith(device, "cuda:")) {
+    return Invalid("device", absl::StrCat("names one GPU, but spec.gpus asks for ", gpus,
+                                          ": use \"auto\" or \"cuda\" (rank r runs on the job's r-th GPU)"),
+                   device);
+  }
   const bool device_ok = device == "auto" || device == "cpu" || device == "cuda" ||
                          (absl::StartsWith(device, "cuda:") && device.size() > 5 && device.size() <= 9 &&
                           device.find_first_not_of("0123456789", 5) == std::string::npos);
@@ -211,6 +221,12 @@ absl::Status CheckEnvironment(const TrainConfig& c, const Environment& env) {
                                             "): use \"auto\" or \"cuda\""),
                      c.device);
     }
+  }
+  const int host_gpus = env.host_gpus >= 0 ? env.host_gpus : env.gpus;
+  if (c.gpus > 1 && c.device != "cpu" && c.gpus > host_gpus) {
+    return Invalid("gpus", absl::StrCat("asks for ", c.gpus, " GPUs but ", env.name, " has ", host_gpus,
+                                        ": ask for at most ", host_gpus, host_gpus == 0 ? " (or use device \"cpu\")" : ""),
+                   absl::StrCat(c.gpus));
   }
   const KernelChoice k = c.Kernels();
   if (!k.any()) return absl::OkStatus();

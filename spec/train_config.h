@@ -53,6 +53,7 @@ struct OptimizerConfig {
   double eps = 1e-8;
   double weight_decay = 0.1;  // decoupled; applied to tensors of rank >= 2 only
   double grad_clip = 1.0;     // max global L2 norm; 0 disables
+  bool shard_state = false;   // gpus > 1: AdamW state sharded over the ranks (ZeRO-1)
 };
 
 struct ScheduleConfig {
@@ -139,6 +140,8 @@ inline constexpr int64_t kMaxSteps = 1'000'000'000;       // steps, warmup_steps
 inline constexpr int32_t kMaxBatchSize = 65'536;          // sequences per micro-batch
 inline constexpr int32_t kMaxSeqLen = 1'048'576;          // tokens per sequence
 inline constexpr int32_t kMaxGradAccumSteps = 65'536;
+inline constexpr int32_t kMaxGpus = 64;     // spec.gpus: ranks of one job on one host
+inline constexpr int32_t kMaxCpuRanks = 8;  // spec.gpus with device "cpu"
 inline constexpr int32_t kMaxKeepLast = 1'000'000;
 inline constexpr double kMaxEps = 1;
 inline constexpr double kMaxWeightDecay = 100;
@@ -152,6 +155,7 @@ struct Environment {
   int gpus = 0;                       // CUDA devices a job sees, as cuda:0 .. cuda:gpus-1
   bool fused_kernels = true;          // ftd-worker was built with ftd's CUDA kernels (nvcc)
   int gpu_compute_capability = 0;     // major * 10 + minor of the least capable GPU; 0: unknown
+  int host_gpus = -1;                 // GPUs one job may ask for with spec.gpus (-1: as gpus)
 };
 
 struct TrainConfig {
@@ -164,6 +168,7 @@ struct TrainConfig {
   int32_t batch_size = 8;        // sequences per micro-batch
   int32_t seq_len = 128;         // tokens per sequence
   int32_t grad_accum_steps = 1;  // micro-batches per optimizer step
+  int32_t gpus = 1;              // data-parallel ranks (one process each); batch_size is per rank
   std::string device = "auto";   // "auto" | "cpu" | "cuda" | "cuda:N"
   std::string dtype = "auto";    // "auto" | "bf16" | "fp32"
   bool fp32_master_weights = false;

@@ -29,6 +29,30 @@ TEST(TrainConfig, ValidationNamesTheFieldAndTheFix) {
   EXPECT_NE(c.Validate().message().find("spec.model"), absl::string_view::npos);
 }
 
+TEST(TrainConfig, GpusIsValidatedAndCheckedAgainstTheHost) {
+  TrainConfig c;
+  c.gpus = 0;
+  EXPECT_EQ(c.Validate().message(), "spec.gpus must be >= 1 (GPUs of one host) (got 0)");
+  c.gpus = 4;
+  c.device = "cuda:1";
+  EXPECT_NE(c.Validate().message().find("spec.device names one GPU, but spec.gpus asks for 4"), absl::string_view::npos);
+  c.device = "cpu";
+  c.gpus = 9;
+  EXPECT_NE(c.Validate().message().find("spec.gpus must be <= 8"), absl::string_view::npos);
+  c.gpus = 2;
+  ASSERT_TRUE(c.Validate().ok());
+  Environment host;
+  host.name = "this ftd";
+  host.gpus = 1;
+  host.host_gpus = 2;
+  EXPECT_TRUE(CheckEnvironment(c, host).ok());  // CPU ranks need no GPU
+  c.device = "auto";
+  EXPECT_TRUE(CheckEnvironment(c, host).ok());
+  c.gpus = 3;
+  EXPECT_EQ(CheckEnvironment(c, host).message(),
+            "spec.gpus asks for 3 GPUs but this ftd has 2: ask for at most 2 (got 3)");
+}
+
 TEST(TrainConfig, KernelSetsAndPerOpOverrides) {
   TrainConfig c;
   EXPECT_EQ(c.Kernels().ToString(), "eager");

@@ -17,6 +17,39 @@
 
 namespace ftd::worker {
 
+namespace {
+
+// Ranks 1..N-1 of a data-parallel job: they train and log to their output (the job's worker.log);
+// rank 0 alone streams to the daemon, which sees the job's result there.
+// Validates the assignment's spec for this machine and runs it with the hooks `prepare` sets.
+engine::RunSummary ValidateAndTrain(const ftd::v1::TrainSpec& spec, const engine::RankInfo& rank,
+                                    const std::function<void(spec::TrainConfig&, engine::RunHooks&)>& prepare) {
+  auto config = spec::Validate(spec, engine::LocalEnvironment());
+  if (!config.ok()) {
+    engine::RunSummary summary;
+    summary.outcome = engine::Outcome::kInvalidSpec;
+    summary.message = std::string(config.status().message());
+    return summary;
+  }
+  engine::RunHooks hooks;
+  prepare(*config, hooks);
+  return engine::RunTraining(*config, hooks, rank);
+}
+
+int RunFollowerRank(const AgentOptions& opts, const ftd::v1::TrainSpec& spec, std::atomic<bool>* stop,
+                    const std::atomic<bool>* skip_checkpoint) {
+  const engine::RunSummary summary = ValidateAndTrain(spec, opts.rank, [&](spec::TrainConfig&, engine::RunHooks& hooks) {
+    hooks.on_log = [](std::string_view line) { std::cerr << "ftd-worker: " << line << std::endl; };
+    hooks.stop = stop;
+    hooks.skip_checkpoint = skip_checkpoint;
+  });
+  std::cerr << "ftd-worker agent: rank " << opts.rank.rank << ": " << engine::OutcomeName(summary.outcome) << ": "
+            << summary.message << std::endl;
+  return spec::ExitCode(summary.outcome);
+}
+
+}  // namespace
+
 int RunAgent(const AgentOptions& opts, std::atomic<bool>* stop, const std::atomic<bool>* skip_checkpoint) {
   auto channel = grpc::CreateChannel(opts.address, grpc::InsecureChannelCredentials());
   auto stub = ftd::v1::WorkerService::NewStub(channel);
@@ -47,6 +80,7 @@ int RunAgent(const AgentOptions& opts, std::atomic<bool>* stop, const std::atomi
   ftd::v1::TrainSpec spec = assignment.spec();
   const bool checkpoints = !spec.checkpoint().has_enabled() || spec.checkpoint().enabled();
   if (checkpoints && !spec.checkpoint().has_dir()) spec.mutable_checkpoint()->set_dir(assignment.checkpoint_dir());
+  if (opts.rank.rank > 0) return RunFollowerRank(opts, spec, stop, skip_checkpoint);
 
   grpc::ClientContext ctx;
   ftd::v1::WorkerAck ack;
@@ -94,13 +128,8 @@ int RunAgent(const AgentOptions& opts, std::atomic<bool>* stop, const std::atomi
     }
   });
 
-  engine::RunSummary summary;
-  auto config = spec::Validate(spec, engine::LocalEnvironment());
-  if (!config.ok()) {
-    summary.outcome = engine::Outcome::kInvalidSpec;
-    summary.message = std::string(config.status().message());
-  } else {
-    engine::RunHooks hooks;
+  const engine::RunSummary summary = ValidateAndTrain(spec, opts.rank, [&](spec::TrainConfig& config,
+                                                                          engine::RunHooks& hooks) {
     hooks.on_step = [&](const engine::StepMetrics& m) {
       ftd::v1::WorkerMessage msg;
       *msg.mutable_step() = ToStepReport(m);
@@ -137,17 +166,16 @@ int RunAgent(const AgentOptions& opts, std::atomic<bool>* stop, const std::atomi
       send(msg);
     };
     if (assignment.profile()) {
-      config->profile.enabled = true;
-      config->profile.trace_path = assignment.trace_path();
-      const spec::KernelSet label = config->Kernels().Label();
+      config.profile.enabled = true;
+      config.profile.trace_path = assignment.trace_path();
+      const spec::KernelSet label = config.Kernels().Label();
       hooks.on_profile = [&, label](const engine::ProfileSummary& p) {
         ftd::v1::WorkerMessage msg;
         *msg.mutable_profile() = ToProfileReport(p, label);
         send(msg);
       };
     }
-    summary = engine::RunTraining(*config, hooks);
-  }
+  });
   ftd::v1::WorkerMessage result;
   *result.mutable_result() = ToRunResult(summary);
   send(result);

@@ -6,6 +6,8 @@
 #include <atomic>
 #include <string>
 
+#include "worker/engine/engine.h"
+
 namespace ftd::worker {
 
 struct AgentOptions {
@@ -14,6 +16,7 @@ struct AgentOptions {
   int attempt = 0;
   std::string token;
   double heartbeat_s = 1.0;
+  engine::RankInfo rank;  // a data-parallel job's: rank 0 streams to the daemon, the others only train
 };
 
 // Returns the process exit code (the same as `ftd-worker run`). `stop` is set by SIGTERM/SIGINT; the

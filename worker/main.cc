@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -169,7 +170,7 @@ int Prepare(const std::string& spec_path, const std::vector<std::string>& sets, 
 }
 
 int Run(const std::string& spec_path, bool use_default, const std::vector<std::string>& sets, bool text,
-        const ProfileOptions& prof) {
+        const ProfileOptions& prof, const ftd::engine::RankInfo& rank) {
   int code = 0;
   auto config = LoadConfig(spec_path, use_default, sets, &code);
   if (!config) {
@@ -211,8 +212,14 @@ int Run(const std::string& spec_path, bool use_default, const std::vector<std::s
   hooks.stop = &g_stop;
   hooks.skip_checkpoint = &g_skip_checkpoint;
   hooks.phase_times = prof.phase_times;
+  if (config->gpus > 1 && rank.store_path.empty()) {
+    std::cerr << "ftd-worker: spec.gpus is " << config->gpus << ": start one process per rank, each with --rank R "
+              << "(0.." << config->gpus - 1 << ") and the same new --store file (docs/distributed.md)\n";
+    ftd::worker::MarkResultReported();
+    return 2;
+  }
   ftd::worker::SetStage("training");
-  const auto sum = ftd::engine::RunTraining(*config, hooks);
+  const auto sum = ftd::engine::RunTraining(*config, hooks, rank);
   ftd::worker::SetStage("writing the result");
   std::cout << nlohmann::json{{"event", "result"},
                               {"outcome", ftd::engine::OutcomeName(sum.outcome)},
@@ -246,6 +253,10 @@ int main(int argc, char** argv) {
   run->add_option("--format", format, "json (one object per line) or text")->check(CLI::IsMember({"json", "text"}));
   run->add_option("--set", sets, "Override a spec field, e.g. --set steps=20 --set optimizer.lr=1e-3");
   ProfileOptions prof;
+  ftd::engine::RankInfo rank;
+  run->add_option("--rank", rank.rank, "spec.gpus > 1: this process's rank (0 writes the model and reports)");
+  run->add_option("--store", rank.store_path, "spec.gpus > 1: the c10d file store the ranks meet at (a new path per run)");
+  run->add_option("--rank-timeout", rank.timeout_s, "spec.gpus > 1: seconds a rank waits for the others");
   run->add_flag("--phase-times", prof.phase_times,
                 "GPU runs: log the GPU time of each phase of every step (CUDA events, no extra synchronisation)");
   auto* profile = app.add_subcommand("profile", "Profile a job spec locally: warm-up steps, then profiled steps; "
@@ -266,6 +277,8 @@ int main(int argc, char** argv) {
   agent->add_option("--job", agent_opts.job_id, "job id")->required();
   agent->add_option("--attempt", agent_opts.attempt, "attempt number")->required();
   // The attempt's token comes in $FTD_ATTEMPT_TOKEN: a command line shows in `ps`.
+  agent->add_option("--rank", agent_opts.rank.rank, "rank of a data-parallel job (0: talks to the daemon)");
+  agent->add_option("--store", agent_opts.rank.store_path, "the attempt's c10d file store (data-parallel jobs)");
   auto* prepare = app.add_subcommand("prepare", "Tokenize a spec's JSONL dataset once into the prepared-dataset cache "
                                                 "that jobs reuse (docs/data-format.md)");
   prepare->add_option("spec", spec_path, "TrainSpec JSON file (docs/job-spec.md)")->required();
@@ -274,6 +287,11 @@ int main(int argc, char** argv) {
   prepare->add_flag("--no-progress", no_progress, "No progress bar on stderr");
   auto tokenize = ftd::data::AddTokenizeCommand(&app);
   CLI11_PARSE(app, argc, argv);
+  // NVLink multicast stays off in every process (NCCL's NVLS, symmetric memory, NVSHMEM): on shared
+  // GPU machines it can take the host's GPUs out of service. Set before any thread starts.
+  ::setenv("NCCL_NVLS_ENABLE", "0", 1);
+  ::setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1", 1);
+  ::setenv("NVSHMEM_DISABLE_NVLS", "1", 1);
   if (*run || *profile || *agent) {
     // Before anything starts a thread (LibTorch, CUDA, NVML, gRPC), so that every thread inherits
     // the blocked stop signals.
@@ -304,7 +322,7 @@ int main(int argc, char** argv) {
   }
   if (*profile) {
     prof.enabled = true;
-    return Run(spec_path, use_default, sets, profile_format == "text", prof);
+    return Run(spec_path, use_default, sets, profile_format == "text", prof, {});
   }
-  return Run(spec_path, use_default, sets, format == "text", prof);
+  return Run(spec_path, use_default, sets, format == "text", prof, rank);
 }

@@ -114,9 +114,27 @@ absl::Status Prune(const fs::path& root, const fs::path& written, int keep_last)
 
 }  // namespace
 
+std::string OptimizerShardName(int rank, int world) {
+  return absl::StrCat("optimizer-rank-", rank, "-of-", world, ".safetensors");
+}
+
 absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const TrainerState& st, const LlamaModel& model,
                                            const AdamW& opt, int keep_last, bool merged,
-                                           const ProgressFn& progress, std::function<bool()> abort) {
+                                           const ProgressFn& progress, std::function<bool()> abort,
+                                           const CheckpointRanks& ranks) {
+  const bool sharded = ranks.world > 1;
+  const std::string name = absl::StrFormat("step-%08d", st.step);
+  const fs::path final_dir = fs::path(root) / name;
+  const fs::path tmp = fs::path(root) / (name + ".tmp");
+  if (sharded && ranks.rank != 0) {  // this rank's shard, into the directory rank 0 made
+    ranks.barrier();
+    ProgressMeter meter(progress, ProgressPhase::kSaveCheckpoint, TensorBytes(opt.State()));
+    auto s = WriteTensors((tmp / OptimizerShardName(ranks.rank, ranks.world)).string(), opt.State(), {}, &meter);
+    ranks.barrier();  // after it, whatever this rank wrote is rank 0's to publish
+    if (!s.ok()) return s;
+    meter.Finish();
+    return final_dir.string();
+  }
   if (auto s = EnsureDirectory(root, "spec.checkpoint.dir"); !s.ok()) return s;
   std::error_code ec;
   // Held until the checkpoint is in place and pruned. The kernel releases it when a writer dies,
@@ -129,9 +147,6 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const Traine
   }
   if (ec) return absl::InternalError(absl::StrCat("list ", root, ": ", ec.message()));
 
-  const std::string name = absl::StrFormat("step-%08d", st.step);
-  const fs::path final_dir = fs::path(root) / name;
-  const fs::path tmp = fs::path(root) / (name + ".tmp");
   if (!fs::create_directory(tmp, ec) || ec) {
     return absl::InternalError(absl::StrCat("create ", tmp.string(), ": ", ec ? ec.message() : "exists"));
   }
@@ -143,6 +158,7 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const Traine
       if (!published) (void)RemoveTree(dir);
     }
   } partial{tmp};
+  if (sharded) ranks.barrier();  // the other ranks write their shards now
 
   // Optimizer state and RNG states.
   NamedTensors state_tensors = opt.State();
@@ -151,7 +167,9 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const Traine
                                                   (merged ? TensorBytes(model.named_parameters()) : 0)
                                             : TensorBytes(model.named_parameters());
   ProgressMeter meter(progress, ProgressPhase::kSaveCheckpoint, model_bytes + TensorBytes(state_tensors));
-  meter.SetAbort(std::move(abort));
+  // A sharded write is never stopped part-way: the other ranks wait for rank 0 at the barriers
+  // below, so every rank runs the write to its end.
+  if (!sharded) meter.SetAbort(std::move(abort));
   if (model.lora()) {
     if (auto s = model.SaveAdapters(tmp.string(), &meter); !s.ok()) return s;
     if (merged) {
@@ -164,19 +182,32 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const Traine
   } else {
     if (auto s = model.SaveWeights(tmp.string(), &meter); !s.ok()) return s;
   }
-  if (auto s = WriteTensors((tmp / "optimizer.safetensors").string(), state_tensors, {}, &meter); !s.ok()) return s;
+  const std::string opt_file = sharded ? OptimizerShardName(0, ranks.world) : "optimizer.safetensors";
+  if (auto s = WriteTensors((tmp / opt_file).string(), state_tensors, {}, &meter); !s.ok()) return s;
 
   json state = {{"step", st.step},           {"micro_batches", st.micro_batches}, {"tokens_total", st.tokens_total},
                 {"batch_size", st.batch_size}, {"seq_len", st.seq_len},           {"shuffle", st.shuffle},
                 {"data_seed", st.data_seed}, {"data_path", st.data_path}};
   if (auto s = WriteFileSynced((tmp / "trainer_state.json").string(), state.dump(2)); !s.ok()) return s;
 
+  if (sharded) ranks.barrier();  // every shard is written (and synced)
   json manifest = {{"format", kFormat}, {"step", st.step}, {"files", json::object()}};
+  std::vector<std::string> files;
   for (const char* f : kFiles) {
-    if (!model.lora()) manifest["files"][f] = fs::file_size(tmp / f);
+    if (!model.lora()) files.emplace_back(f);
   }
   for (const char* f : kLoraFiles) {
-    if (model.lora()) manifest["files"][f] = fs::file_size(tmp / f);
+    if (model.lora()) files.emplace_back(f);
+  }
+  if (sharded) {
+    std::erase(files, std::string("optimizer.safetensors"));
+    for (int r = 0; r < ranks.world; ++r) files.push_back(OptimizerShardName(r, ranks.world));
+    manifest["optimizer_shards"] = ranks.world;
+  }
+  for (const auto& f : files) {
+    const uint64_t size = fs::file_size(tmp / f, ec);
+    if (ec) return absl::InternalError(absl::StrCat("checkpoint file ", (tmp / f).string(), ": ", ec.message()));
+    manifest["files"][f] = size;
   }
   for (const char* f : kMergedFiles) {
     if (model.lora() && merged) manifest["files"][f] = fs::file_size(tmp / f);
@@ -235,7 +266,9 @@ absl::Status LoadCheckpoint(const std::string& dir, TrainerState* st, LlamaModel
                                                       " but the checkpoint was written with ", a,
                                                       " (use the same value, or a new checkpoint.dir)"));
   };
-  if (saved.batch_size != st->batch_size) return mismatch("batch_size", saved.batch_size, st->batch_size);
+  if (saved.batch_size != st->batch_size) {
+    return mismatch("batch_size x spec.gpus (the batch of all ranks)", saved.batch_size, st->batch_size);
+  }
   if (saved.seq_len != st->seq_len) return mismatch("seq_len", saved.seq_len, st->seq_len);
   if (saved.shuffle != st->shuffle) return mismatch("data.shuffle", saved.shuffle, st->shuffle);
   if (saved.data_seed != st->data_seed) return mismatch("data.seed", saved.data_seed, st->data_seed);
@@ -250,18 +283,30 @@ absl::Status LoadCheckpoint(const std::string& dir, TrainerState* st, LlamaModel
   }
   ProgressMeter meter(progress, ProgressPhase::kLoadCheckpoint, 0);
   if (auto s = model->lora() ? model->LoadAdapters(dir) : model->LoadWeights(dir, &meter); !s.ok()) return s;
-  auto file = SafetensorsFile::Open((fs::path(dir) / "optimizer.safetensors").string());
-  if (!file.ok()) return file.status();
-  for (const auto& t : (*file)->tensors()) meter.AddTotal(t.end - t.begin);
+  // optimizer.safetensors, or a sharded run's optimizer-rank-<r>-of-<n>.safetensors (any n).
+  std::vector<std::unique_ptr<SafetensorsFile>> files;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string f = e.path().filename().string();
+    if (f != "optimizer.safetensors" && !(f.rfind("optimizer-rank-", 0) == 0 && f.ends_with(".safetensors"))) continue;
+    auto file = SafetensorsFile::Open(e.path().string());
+    if (!file.ok()) return file.status();
+    for (const auto& t : (*file)->tensors()) meter.AddTotal(t.end - t.begin);
+    files.push_back(*std::move(file));
+  }
+  if (ec) return absl::InternalError(absl::StrCat("list ", dir, ": ", ec.message()));
   auto lookup = [&](const std::string& key) -> absl::StatusOr<torch::Tensor> {
-    const TensorInfo* info = (*file)->Find(key);
-    if (info == nullptr) return absl::DataLossError(absl::StrCat(dir, "/optimizer.safetensors: \"", key, "\" is missing"));
-    auto dt = TorchDType(info->dtype);
-    if (!dt.ok()) return dt.status();
-    auto t = torch::from_blob(const_cast<std::byte*>((*file)->data(*info)), info->shape, torch::TensorOptions().dtype(*dt))
-                 .clone();
-    meter.Add(info->end - info->begin);
-    return t;
+    for (const auto& file : files) {
+      const TensorInfo* info = file->Find(key);
+      if (info == nullptr) continue;
+      auto dt = TorchDType(info->dtype);
+      if (!dt.ok()) return dt.status();
+      auto t = torch::from_blob(const_cast<std::byte*>(file->data(*info)), info->shape, torch::TensorOptions().dtype(*dt))
+                   .clone();
+      meter.Add(info->end - info->begin);
+      return t;
+    }
+    return absl::DataLossError(absl::StrCat(dir, ": optimizer state \"", key, "\" is missing"));
   };
   if (auto s = opt->LoadState(lookup); !s.ok()) return s;
   auto rng = lookup("rng.cpu");

@@ -30,10 +30,19 @@ struct TrainerState {
   int64_t micro_batches = 0;  // data cursor: micro-batches consumed
   int64_t tokens_total = 0;
   // What the data cursor's meaning depends on; a resume with other values is refused.
-  int64_t batch_size = 0, seq_len = 0;
+  int64_t batch_size = 0, seq_len = 0;  // batch_size: of all ranks together (spec.batch_size x gpus)
   bool shuffle = false;
   uint64_t data_seed = 0;
   std::string data_path;
+};
+
+// The ranks of a data-parallel job whose optimizer state is sharded (ZeRO-1): rank 0 writes the
+// model, the trainer state and the manifest; every rank writes its shard of the optimizer state
+// as optimizer-rank-<r>-of-<n>.safetensors into step-N.tmp/ between two barriers, and the manifest
+// (written last) lists them all. Unsharded data-parallel jobs checkpoint from rank 0 alone.
+struct CheckpointRanks {
+  int rank = 0, world = 1;
+  std::function<void()> barrier;  // every rank of the job meets here (throws if one is gone)
 };
 
 // Writes the checkpoint of `state.step` and returns its directory. `merged` (LoRA only): also write
@@ -41,15 +50,17 @@ struct TrainerState {
 // keep_last - 1 newest other complete checkpoints, removing the rest. Reports kSaveCheckpoint
 // progress through `progress` (may be empty). When `abort` (may be empty) turns true mid-write, the
 // write stops at the next piece boundary, its .tmp directory is removed and the result is
-// CANCELLED; any other failure also removes the .tmp directory.
+// CANCELLED; any other failure also removes the .tmp directory. With ranks.world > 1 `abort` is
+// ignored: every rank must reach the same barriers, so a sharded write always runs to its end.
 absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const TrainerState& state,
                                            const LlamaModel& model, const AdamW& opt, int keep_last,
                                            bool merged = false, const ProgressFn& progress = {},
-                                           std::function<bool()> abort = {});
+                                           std::function<bool()> abort = {}, const CheckpointRanks& ranks = {});
 // The newest complete checkpoint under root, or nullopt if there is none.
 absl::StatusOr<std::optional<std::string>> LatestCheckpoint(const std::string& root);
 // Loads a checkpoint written with the same data settings as `state` (refused otherwise, naming the
-// field). Reports kLoadCheckpoint progress through `progress` (may be empty).
+// field). The optimizer state is looked up by name in every optimizer file of the checkpoint, so a
+// sharded one loads into any number of ranks (re-sharding) and into an unsharded run. Reports kLoadCheckpoint progress through `progress` (may be empty).
 absl::Status LoadCheckpoint(const std::string& dir, TrainerState* state, LlamaModel* model, AdamW* opt,
                             const ProgressFn& progress = {});
 

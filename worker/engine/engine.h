@@ -44,7 +44,10 @@ namespace ftd::engine {
   X(uint64_t, gpu_memory_used_bytes, "")                                                              \
   X(int64_t, real_tokens, "tokens of this step that are not padding")                                \
   X(int64_t, loss_tokens, "tokens of this step the loss counts")                                     \
-  X(std::optional<double>, eval_loss, "mean masked loss on the held-out rows, on eval steps")
+  X(std::optional<double>, eval_loss, "mean masked loss on the held-out rows, on eval steps")           \
+  X(int64_t, ranks, "data-parallel ranks the step ran on (spec.gpus); tokens and tokens_per_s are theirs together") \
+  X(double, comm_wait_s, "time the step waited for gradient reduction after backward (not overlapped)") \
+  X(uint64_t, max_rank_peak_mem_allocated_bytes, "the largest GPU peak of the job's ranks (0 on CPU)")
 
 // A metric as an optional: set ones are reported, unset optional ones are left out (null in JSON).
 template <typename T>
@@ -117,10 +120,18 @@ struct RunHooks {
   bool phase_times = false;
 };
 
+// One process of a data-parallel job (spec.gpus > 1; docs/distributed.md).
+struct RankInfo {
+  int rank = 0;            // 0 .. gpus-1; rank 0 writes the model and reports
+  std::string store_path;  // the c10d FileStore the ranks of one attempt meet at (a new file per attempt)
+  int timeout_s = 600;     // a collective or the rendezvous waiting longer than this fails the run
+};
+
 // Runs the whole job: builds or loads the model, resumes from a checkpoint if asked, trains,
 // checkpoints. `config` was validated for this machine (spec::Validate with LocalEnvironment(), or
-// Validate and CheckEnvironment). Never throws; every failure is in the summary.
-RunSummary RunTraining(const TrainConfig& config, const RunHooks& hooks);
+// Validate and CheckEnvironment). With config.gpus > 1 this process is rank `rank.rank` of them;
+// only rank 0 calls on_step and on_profile. Never throws; every failure is in the summary.
+RunSummary RunTraining(const TrainConfig& config, const RunHooks& hooks, const RankInfo& rank = {});
 
 // The device a config resolves to ("cpu", "cuda:0"), and whether CUDA is present at all.
 std::string ResolveDevice(const std::string& requested);

@@ -16,6 +16,9 @@
 
 namespace ftd::engine {
 
+// Global L2 norm of `grads` (fp32 scalar tensor, on their device); `fused`: ftd's kernel.
+torch::Tensor GradNorm(const std::vector<torch::Tensor>& grads, bool fused);
+
 class AdamW {
  public:
   // fused: one multi-tensor kernel of ftd's (kernels/adamw.cu) with the clipping folded in, instead

@@ -358,10 +358,11 @@ void TokenData::Rows(int64_t first, int64_t count, MicroBatch* out) const {
   FillRows(rows_.data() + first, count, out);
 }
 
-void TokenData::Batch(int64_t index, MicroBatch* out) {
+void TokenData::Batch(int64_t index, MicroBatch* out, int64_t part, int64_t parts) {
   const int64_t per_epoch = batches_per_epoch();
   const auto& order = Order(index / per_epoch);
-  FillRows(order.data() + (index % per_epoch) * batch_, batch_, out);
+  const int64_t rows = batch_ / parts;
+  FillRows(order.data() + (index % per_epoch) * batch_ + part * rows, rows, out);
 }
 
 }  // namespace ftd::engine

@@ -72,8 +72,11 @@ class TokenData {
   const std::string& summary() const { return summary_; }
   int64_t truncated_documents() const { return truncated_; }
 
-  // Global micro-batch `index` (epoch = index / batches_per_epoch).
-  void Batch(int64_t index, MicroBatch* out);
+  // Global micro-batch `index` (epoch = index / batches_per_epoch). With parts > 1 (data-parallel
+  // ranks, batch_size a multiple of parts), only part `part` of it: its rows
+  // [part * batch_size / parts, (part + 1) * batch_size / parts), so the parts together are the
+  // micro-batch a single process would take.
+  void Batch(int64_t index, MicroBatch* out, int64_t part = 0, int64_t parts = 1);
   // Rows [first, first + count) in row order (no shuffle): the held-out set, batch by batch.
   void Rows(int64_t first, int64_t count, MicroBatch* out) const;
 

@@ -39,6 +39,14 @@ TEST(TokenData, WindowsInFileOrderWithoutShuffle) {
   EXPECT_EQ(b.loss_tokens, 18);
   (*d)->Batch(6, &b);  // epoch 1 wraps to windows 2, 3
   EXPECT_EQ(b.input_ids[0], 20);
+  // Two data-parallel ranks split micro-batch 1: rank 0 takes window 2, rank 1 window 3.
+  (*d)->Batch(1, &b, /*part=*/0, /*parts=*/2);
+  ASSERT_EQ(b.rows, 1);
+  EXPECT_EQ(b.input_ids[0], 20);
+  (*d)->Batch(1, &b, /*part=*/1, /*parts=*/2);
+  ASSERT_EQ(b.rows, 1);
+  EXPECT_EQ(b.input_ids[0], 30);
+  EXPECT_EQ(b.loss_tokens, 9);
 }
 
 TEST(TokenData, ShuffleIsASeededPermutation) {

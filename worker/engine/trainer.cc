@@ -24,6 +24,7 @@
 #include "absl/strings/match.h"
 #include "spec/peak_memory.h"
 #include "worker/engine/checkpoint.h"
+#include "worker/engine/data_parallel.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/fused_ops.h"
 #include "worker/engine/gpu_monitor.h"
@@ -88,7 +89,8 @@ absl::StatusOr<LlamaConfig> ModelConfigFor(const TrainConfig& cfg, bool cuda) {
 // returns false with the outcome in sum_.
 class TrainingRun {
  public:
-  TrainingRun(const TrainConfig& cfg, const RunHooks& hooks) : cfg_(cfg), hooks_(hooks) {}
+  TrainingRun(const TrainConfig& cfg, const RunHooks& hooks, const RankInfo& rank)
+      : cfg_(cfg), hooks_(hooks), rank_(rank) {}
 
   RunSummary Run() {
     if (!Setup()) return sum_;
@@ -103,8 +105,14 @@ class TrainingRun {
 
  private:
   void Log(std::string_view line) const {
-    if (hooks_.on_log) hooks_.on_log(line);
+    if (!hooks_.on_log) return;
+    if (world_ > 1) {
+      hooks_.on_log(absl::StrCat("rank ", rank_.rank, ": ", absl::string_view(line.data(), line.size())));
+    } else {
+      hooks_.on_log(line);
+    }
   }
+  bool lead() const { return rank_.rank == 0; }  // writes the model and reports
   bool Fail(Outcome o, std::string msg) {
     sum_.outcome = o;
     sum_.message = std::move(msg);
@@ -118,7 +126,14 @@ class TrainingRun {
   };
   bool Setup();
   void ConfigureAllocator();  // before the run's first CUDA allocation
+  bool SetupRanks(const std::vector<torch::Tensor>& trainable);
   bool Step(int64_t step);
+  // Data-parallel: the sums over the ranks of the step's stop requests and token counts.
+  void AgreeOnStep(bool* stop, bool* skip_checkpoint, int64_t* real_tokens, int64_t* loss_tokens);
+  // ZeRO-1: every parameter from the rank that updated it.
+  void GatherUpdatedWeights();
+  // Data-parallel: every rank's GPU peak and communication wait of the step, to rank 0's report.
+  void ShareRankStats();
   void Report(double loss, double norm, double lr, double dt, int64_t real_tokens, int64_t loss_tokens);
   DeviceBatch Upload(MicroBatch& mb) const;
   double Evaluate();  // the mean masked loss over every held-out row
@@ -127,6 +142,14 @@ class TrainingRun {
 
   const TrainConfig& cfg_;
   const RunHooks& hooks_;
+  const RankInfo& rank_;
+  int world_ = 1;                      // data-parallel ranks (cfg_.gpus)
+  std::unique_ptr<Ranks> ranks_;       // world_ > 1
+  std::unique_ptr<GradReducer> reducer_;
+  std::vector<torch::Tensor> trainable_;
+  std::vector<int> owner_;             // ZeRO-1: the rank that updates each trainable tensor
+  double comm_wait_s_ = 0;             // the last step's
+  uint64_t max_rank_peak_ = 0;
   RunSummary sum_;
   torch::Device device_{torch::kCPU};
   KernelChoice kernels_;
@@ -152,7 +175,9 @@ class TrainingRun {
 double NowS() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 bool TrainingRun::Setup() {
-  const std::string dev_name = ResolveDevice(cfg_.device);
+  world_ = cfg_.gpus;
+  std::string dev_name = ResolveDevice(cfg_.device);
+  if (world_ > 1 && dev_name == "cuda:0") dev_name = absl::StrCat("cuda:", rank_.rank);  // rank r: the job's r-th GPU
   try {
     device_ = torch::Device(dev_name);
   } catch (const c10::Error&) {
@@ -189,7 +214,9 @@ bool TrainingRun::Setup() {
   }
   DataConfig data_cfg = cfg_.data;
   if (data_cfg.tokenizer_path.empty()) data_cfg.tokenizer_path = cfg_.model.weights_path;
-  auto data_or = TokenData::Open(data_cfg, cfg_.seq_len, cfg_.batch_size, mc->vocab_size, hooks_.on_progress);
+  // Every rank opens the same stream with the batch of all ranks and takes its part of each micro-batch.
+  const int64_t global_batch = static_cast<int64_t>(cfg_.batch_size) * world_;
+  auto data_or = TokenData::Open(data_cfg, cfg_.seq_len, global_batch, mc->vocab_size, hooks_.on_progress);
   if (!data_or.ok()) return Fail(Outcome::kInvalidSpec, std::string(data_or.status().message()));
   data_ = *std::move(data_or);
   Log(absl::StrCat("data: ", data_->summary(), "; ", data_->num_rows(), " training rows"));
@@ -201,9 +228,22 @@ bool TrainingRun::Setup() {
     Log(absl::StrCat("held-out data: ", cfg_.data.eval_path.empty() ? "a seeded fraction of the rows" : eval_data_->summary(),
                      "; ", eval_data_->num_rows(), " rows"));
   }
-  opt_.emplace(model.trainable_parameters(), cfg_.optimizer, cfg_.fp32_master_weights, kernels_[KernelOp::kAdamW]);
+  std::vector<std::pair<std::string, torch::Tensor>> opt_params = model.trainable_parameters();
+  for (const auto& [name, t] : opt_params) trainable_.push_back(t);
+  if (world_ > 1) {
+    if (!SetupRanks(trainable_)) return false;
+    if (cfg_.optimizer.shard_state) {
+      owner_ = ShardOwners(trainable_, world_);
+      std::vector<std::pair<std::string, torch::Tensor>> mine;
+      for (size_t k = 0; k < opt_params.size(); ++k) {
+        if (owner_[k] == rank_.rank) mine.push_back(opt_params[k]);
+      }
+      opt_params = std::move(mine);
+    }
+  }
+  opt_.emplace(opt_params, cfg_.optimizer, cfg_.fp32_master_weights, kernels_[KernelOp::kAdamW]);
 
-  state_.batch_size = cfg_.batch_size;
+  state_.batch_size = global_batch;
   state_.seq_len = cfg_.seq_len;
   state_.shuffle = cfg_.data.shuffle;
   state_.data_seed = cfg_.data.seed;
@@ -235,7 +275,7 @@ bool TrainingRun::Setup() {
 
   peak_flops_ = cfg_.peak_flops.value_or(PeakFlops(device_));
   flops_per_token_ = model.TrainingFlopsPerToken(cfg_.seq_len);
-  tokens_per_step_ = static_cast<int64_t>(cfg_.batch_size) * cfg_.seq_len * cfg_.grad_accum_steps;
+  tokens_per_step_ = global_batch * cfg_.seq_len * cfg_.grad_accum_steps;
   sum_.steps_done = state_.step;
 
   phase_times_ = device_.is_cuda() && hooks_.phase_times;
@@ -248,6 +288,12 @@ bool TrainingRun::Setup() {
   }
   if (!gpu_->available()) Log(absl::StrCat("GPU power and energy unavailable: ", gpu_->reason()));
   if (gpu_->available()) energy_.Start(NowS(), gpu_->Read().energy_j, state_.tokens_total, state_.step);
+  if (world_ > 1) {
+    Log(absl::StrFormat("data parallel: rank %d of %d on %s through %s, %d gradient buckets%s", rank_.rank, world_,
+                        device_.str(), ranks_->backend_name(), reducer_->num_buckets(),
+                        owner_.empty() ? "" : absl::StrFormat("; AdamW state sharded (ZeRO-1): %d of %d tensors here",
+                                                              opt_params.size(), trainable_.size())));
+  }
   profiler_.emplace(device_.is_cuda());
   profile_from_ = cfg_.profile.enabled ? cfg_.profile.warmup_steps : -1;
   return true;
@@ -267,6 +313,69 @@ void TrainingRun::ConfigureAllocator() {
   const bool refused = cfg_.expandable_segments && !expandable && (env == nullptr || *env == '\0');
   Log(absl::StrCat("CUDA allocator: ", expandable ? "expandable" : "fixed-size", " segments",
                    refused ? " (spec.expandable_segments is true, but this platform does not support them)" : ""));
+}
+
+bool TrainingRun::SetupRanks(const std::vector<torch::Tensor>& trainable) {
+  auto ranks = Ranks::Join(rank_.rank, world_, rank_.store_path, device_, std::chrono::seconds(rank_.timeout_s));
+  if (!ranks.ok()) return Fail(Outcome::kFailed, std::string(ranks.status().message()));
+  ranks_ = *std::move(ranks);
+  // The same seed gives every rank the same initial weights; rank 0's are sent anyway, so that no
+  // rank can start from others (a device whose initialisation differs, a file read differently).
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, t] : model_->named_parameters()) {
+    torch::Tensor p = t;
+    ranks_->Broadcast(p, 0);
+  }
+  reducer_ = std::make_unique<GradReducer>(*ranks_, trainable);
+  return true;
+}
+
+void TrainingRun::AgreeOnStep(bool* stop, bool* skip_checkpoint, int64_t* real_tokens, int64_t* loss_tokens) {
+  // Doubles hold the counts exactly (far below 2^53).
+  torch::Tensor v = torch::tensor({*stop ? 1.0 : 0.0, *skip_checkpoint ? 1.0 : 0.0, static_cast<double>(*real_tokens),
+                                   static_cast<double>(*loss_tokens)},
+                                  torch::TensorOptions().dtype(torch::kDouble))
+                        .to(device_);
+  ranks_->AllReduceSum(v);
+  v = v.to(torch::kCPU);
+  const double* d = v.data_ptr<double>();
+  // One rank asked to stop (a signal reaches every rank of the job's group, not at the same step):
+  // all stop after the same step. A cancel without checkpoint wins over a stop with one.
+  *stop = d[0] > 0;
+  *skip_checkpoint = d[1] > 0;
+  *real_tokens = static_cast<int64_t>(d[2]);
+  *loss_tokens = static_cast<int64_t>(d[3]);
+}
+
+void TrainingRun::GatherUpdatedWeights() {
+  torch::NoGradGuard no_grad;
+  for (size_t k = 0; k < trainable_.size(); ++k) ranks_->Broadcast(trainable_[k], owner_[k]);
+}
+
+void TrainingRun::ShareRankStats() {
+  uint64_t peak = 0;
+  if (device_.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index());
+    peak = static_cast<uint64_t>(stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak);
+  }
+  torch::Tensor v = torch::zeros({2 * world_}, torch::TensorOptions().dtype(torch::kDouble));
+  v[rank_.rank] = static_cast<double>(peak);
+  v[world_ + rank_.rank] = reducer_->ReadWait();
+  v = v.to(device_);
+  ranks_->AllReduceSum(v);
+  v = v.to(torch::kCPU);
+  const double* d = v.data_ptr<double>();
+  comm_wait_s_ = 0;
+  max_rank_peak_ = 0;
+  std::vector<std::string> peaks;
+  for (int r = 0; r < world_; ++r) {
+    comm_wait_s_ = std::max(comm_wait_s_, d[world_ + r]);  // the step waits for the slowest rank
+    max_rank_peak_ = std::max(max_rank_peak_, static_cast<uint64_t>(d[r]));
+    peaks.push_back(absl::StrFormat("%.2f", d[r] / (1 << 30)));
+  }
+  if (lead() && device_.is_cuda() && (state_.step == 0 || state_.step + 1 == cfg_.steps)) {
+    Log(absl::StrCat("GPU peak memory allocated per rank (GiB): ", absl::StrJoin(peaks, ", ")));
+  }
 }
 
 TrainingRun::DeviceBatch TrainingRun::Upload(MicroBatch& mb) const {
@@ -316,8 +425,23 @@ bool TrainingRun::Checkpoint() {
            hooks_.skip_checkpoint->load();
   };
   const auto t0 = std::chrono::steady_clock::now();
-  auto dir = SaveCheckpoint(cfg_.checkpoint.dir, state_, *model_, *opt_, cfg_.checkpoint.keep_last, merged, progress,
-                            plain_cancel);
+  // Data parallel: rank 0 writes the checkpoint; under ZeRO-1 every rank writes its optimizer
+  // shard into it (CheckpointRanks). The others learn it is in place at the barrier. With several
+  // ranks a plain cancel does not stop the write: every rank must reach the same barriers, so the
+  // write runs to its end and the ranks stop after it.
+  absl::StatusOr<std::string> dir;
+  if (world_ > 1 && owner_.empty() && !lead()) {
+    ranks_->Barrier();
+    dir = (std::filesystem::path(cfg_.checkpoint.dir) / absl::StrFormat("step-%08d", state_.step)).string();
+  } else {
+    CheckpointRanks cr;
+    if (!owner_.empty()) cr = {rank_.rank, world_, [this] { ranks_->Barrier(); }};
+    std::function<bool()> abort;
+    if (world_ == 1) abort = plain_cancel;
+    dir = SaveCheckpoint(cfg_.checkpoint.dir, state_, *model_, *opt_, cfg_.checkpoint.keep_last, merged, progress,
+                         std::move(abort), cr);
+    if (dir.ok() && world_ > 1 && owner_.empty()) ranks_->Barrier();
+  }
   if (absl::IsCancelled(dir.status())) {
     return Fail(Outcome::kCancelled, absl::StrCat("stopped on request while writing the checkpoint of step ",
                                                   state_.step, ", without a checkpoint"));
@@ -340,30 +464,36 @@ bool TrainingRun::Step(int64_t step) {
     profiler_->Start();
     profile_t0_ = std::chrono::steady_clock::now();
   }
-  if (hooks_.stop != nullptr && hooks_.stop->load()) {
-    if (hooks_.skip_checkpoint != nullptr && hooks_.skip_checkpoint->load()) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (device_.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device_.index());
+  // Fetch every micro-batch first: the loss is normalised by the step's non-ignored tokens (of
+  // every rank: each rank takes its part of each micro-batch).
+  std::vector<DeviceBatch> batches;
+  int64_t real_tokens = 0, loss_tokens = 0;
+  for (int32_t a = 0; a < cfg_.grad_accum_steps; ++a) {
+    data_->Batch(state_.micro_batches + a, &host_, rank_.rank, world_);
+    real_tokens += host_.real_tokens;
+    loss_tokens += host_.loss_tokens;
+    batches.push_back(Upload(host_));
+  }
+  bool stop = hooks_.stop != nullptr && hooks_.stop->load();
+  bool skip_checkpoint = hooks_.skip_checkpoint != nullptr && hooks_.skip_checkpoint->load();
+  if (world_ > 1) AgreeOnStep(&stop, &skip_checkpoint, &real_tokens, &loss_tokens);
+  if (stop) {
+    if (skip_checkpoint) {
       return Fail(Outcome::kCancelled, absl::StrCat("stopped on request after step ", state_.step, ", without a checkpoint"));
     }
     if (!Checkpoint()) return false;
     return Fail(Outcome::kCancelled, absl::StrCat("stopped on request after step ", state_.step));
-  }
-  const auto t0 = std::chrono::steady_clock::now();
-  if (device_.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device_.index());
-  // Fetch every micro-batch first: the loss is normalised by the step's non-ignored tokens.
-  std::vector<DeviceBatch> batches;
-  int64_t real_tokens = 0, loss_tokens = 0;
-  for (int32_t a = 0; a < cfg_.grad_accum_steps; ++a) {
-    data_->Batch(state_.micro_batches + a, &host_);
-    real_tokens += host_.real_tokens;
-    loss_tokens += host_.loss_tokens;
-    batches.push_back(Upload(host_));
   }
   mark(0);
   // The step's unmasked labels, counted on the host as the batches were built.
   torch::Tensor count = torch::full({}, static_cast<double>(std::max<int64_t>(loss_tokens, 1)),
                                     torch::TensorOptions().dtype(torch::kFloat).device(device_));
   torch::Tensor loss_acc = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
-  for (auto& b : batches) {
+  for (size_t i = 0; i < batches.size(); ++i) {
+    auto& b = batches[i];
+    if (reducer_ && i + 1 == batches.size()) reducer_->Arm();  // this backward completes the gradients
     torch::Tensor loss;
     {
       RECORD_USER_SCOPE(kPhaseForward);
@@ -375,10 +505,19 @@ bool TrainingRun::Step(int64_t step) {
     }
     loss_acc += loss.detach();
   }
+  if (reducer_) {
+    reducer_->Finish();  // the gradients are now the sums over the ranks
+    ranks_->AllReduceSum(loss_acc);
+  }
   mark(1);
   at::RecordFunction optimizer_scope(at::RecordScope::USER_SCOPE);
   if (optimizer_scope.isActive()) optimizer_scope.before(kPhaseOptimizer);
-  auto norm = opt_->GradNorm();
+  // Every rank holds every reduced gradient, so the norm is the global one without communication.
+  auto norm = owner_.empty() ? opt_->GradNorm() : [&] {
+    std::vector<torch::Tensor> grads;
+    for (auto& t : trainable_) grads.push_back(t.grad());
+    return GradNorm(grads, kernels_[KernelOp::kAdamW]);
+  }();
   // The finite check runs on the device: a non-finite loss or norm skips the update inside the
   // fused kernel (found_inf), so the host synchronises once per step, after the optimizer's
   // kernels are queued, rather than between backward and the update.
@@ -389,6 +528,10 @@ bool TrainingRun::Step(int64_t step) {
   opt_->Step(lr, found_inf);
   model_->WeightsChanged();  // FP8 copies of the weights are made again before the next forward
   opt_->ZeroGrad();
+  if (!owner_.empty()) {
+    GatherUpdatedWeights();
+    for (auto& t : trainable_) t.mutable_grad() = torch::Tensor();
+  }
   optimizer_scope.end();
   mark(3);
   auto both = torch::stack({loss_acc, norm}).to(torch::kCPU);
@@ -401,6 +544,7 @@ bool TrainingRun::Step(int64_t step) {
                                                   "); the update was skipped (lower optimizer.lr or use grad_clip)"));
   }
   if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
+  if (world_ > 1) ShareRankStats();
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (phase_times_) {
     Log(absl::StrFormat("phases step %d: forward+backward %.2f ms, norm+clip %.2f ms, optimizer %.2f ms, wall %.2f ms",
@@ -432,7 +576,10 @@ void TrainingRun::Report(double loss, double norm, double lr, double dt, int64_t
   m.tokens_per_s = static_cast<double>(tokens_per_step_) / dt;
   m.real_tokens = real_tokens;
   m.loss_tokens = loss_tokens;
-  if (eval_data_ &&
+  m.ranks = world_;
+  m.comm_wait_s = comm_wait_s_;
+  m.max_rank_peak_mem_allocated_bytes = max_rank_peak_;
+  if (lead() && eval_data_ &&
       ((cfg_.data.eval_every_steps > 0 && state_.step % cfg_.data.eval_every_steps == 0) || state_.step == cfg_.steps)) {
     m.eval_loss = Evaluate();
     sum_.final_eval_loss = m.eval_loss;
@@ -443,6 +590,7 @@ void TrainingRun::Report(double loss, double norm, double lr, double dt, int64_t
     m.peak_mem_allocated_bytes = static_cast<uint64_t>(stats.allocated_bytes[agg].peak);
     m.peak_mem_reserved_bytes = static_cast<uint64_t>(stats.reserved_bytes[agg].peak);
   }
+  if (world_ == 1) m.max_rank_peak_mem_allocated_bytes = m.peak_mem_allocated_bytes;
   m.peak_rss_bytes = PeakRss();
   m.mfu = peak_flops_ > 0 ? flops_per_token_ * m.tokens_per_s / peak_flops_ : 0.0;
   if (gpu_->available()) {
@@ -460,7 +608,7 @@ void TrainingRun::Report(double loss, double norm, double lr, double dt, int64_t
     }
   }
   if (hooks_.on_step_done) hooks_.on_step_done(state_.step);
-  if (hooks_.on_step && (state_.step % cfg_.log_every == 0 || state_.step == cfg_.steps || m.eval_loss)) {
+  if (lead() && hooks_.on_step && (state_.step % cfg_.log_every == 0 || state_.step == cfg_.steps || m.eval_loss)) {
     hooks_.on_step(m);
   }
   if (profile_from_ >= 0 && state_.step == cfg_.steps) {
@@ -469,13 +617,13 @@ void TrainingRun::Report(double loss, double norm, double lr, double dt, int64_t
     auto summary = profiler_->Stop(profiled, wall_ms / profiled, cfg_.profile.trace_path);
     Log(absl::StrFormat("profile: %d steps, %.1f ms device time per step (%s), %d ops", profiled,
                         summary.step_device_ms, summary.device, summary.ops.size()));
-    if (hooks_.on_profile) hooks_.on_profile(summary);
+    if (lead() && hooks_.on_profile) hooks_.on_profile(summary);
   }
 }
 
 }  // namespace
 
-RunSummary RunTraining(const TrainConfig& config, const RunHooks& hooks) {
+RunSummary RunTraining(const TrainConfig& config, const RunHooks& hooks, const RankInfo& rank) {
   // A profiling run: warm-up and profiled steps only, nothing resumed or checkpointed.
   TrainConfig cfg = config;
   if (cfg.profile.enabled) {
@@ -483,7 +631,7 @@ RunSummary RunTraining(const TrainConfig& config, const RunHooks& hooks) {
     cfg.checkpoint.dir.clear();
   }
   try {
-    return TrainingRun(cfg, hooks).Run();
+    return TrainingRun(cfg, hooks, rank).Run();
   } catch (const c10::OutOfMemoryError& e) {
     RunSummary sum;
     sum.outcome = Outcome::kOutOfMemory;

@@ -1,0 +1,124 @@
+"""Data-parallel jobs (spec.gpus > 1) through the real ftd-worker, one process per rank, joined by
+c10d (Gloo on the CPU; FTD_TEST_DEVICE=cuda: NCCL on 2 GPUs, scripts/gpu.sh's dist stage):
+- 2 ranks at batch B give the losses and gradient norms of one process at batch 2B (fp32, 1e-6);
+- ZeRO-1 (optimizer.shard_state) gives the unsharded results;
+- a sharded checkpoint resumes exactly on the same number of ranks, and on another (re-sharding)."""
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ftdtest import WORKER, run_worker
+
+DEVICE = os.environ.get("FTD_TEST_DEVICE", "cpu")
+if DEVICE == "cuda":
+    import torch
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs", allow_module_level=True)
+
+REL = 1e-6
+
+
+def spec(**over):
+    s = {"model": {"preset": "tiny"}, "steps": 4, "batch_size": 4, "seq_len": 32, "device": DEVICE,
+         "dtype": "fp32", "seed": 3, "checkpoint": {"enabled": False},
+         "optimizer": {"lr": 3e-3, "grad_clip": 0.5}, "data": {"shuffle": True, "seed": 5}}
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(s.get(k), dict):
+            s[k] = {**s[k], **v}
+        else:
+            s[k] = v
+    return s
+
+
+def run_ranks(s, tmp, name, timeout=240):
+    """Every rank of `s` as its own ftd-worker process; returns rank 0's (steps, result) and every
+    rank's exit code."""
+    n = s.get("gpus", 1)
+    tmp = Path(tmp)
+    path = tmp / f"{name}.json"
+    path.write_text(json.dumps(s))
+    store = tmp / f"{name}.store"
+    procs = []
+    for r in range(n):
+        err = open(tmp / f"{name}.rank{r}.err", "w")
+        procs.append(subprocess.Popen([str(WORKER), "run", str(path), "--rank", str(r), "--store", str(store),
+                                       "--rank-timeout", "60"],
+                                      stdout=subprocess.PIPE, stderr=err, text=True))
+    out0 = procs[0].communicate(timeout=timeout)[0]
+    codes = [p.wait(timeout=timeout) for p in procs]
+    lines = [json.loads(l) for l in out0.splitlines() if l.startswith("{")]
+    steps = [l for l in lines if l["event"] == "step"]
+    result = next((l for l in lines if l["event"] == "result"), None)
+    assert codes == [0] * n, (codes, [(tmp / f"{name}.rank{r}.err").read_text()[-2000:] for r in range(n)])
+    return steps, result
+
+
+def assert_same_steps(a, b, what):
+    assert len(a) == len(b) > 0, what
+    for x, y in zip(a, b):
+        for key in ("loss", "grad_norm"):
+            assert abs(x[key] - y[key]) <= REL * abs(y[key]), (what, x["step"], key, x[key], y[key])
+
+
+def test_two_ranks_equal_one_process_at_the_combined_batch(tmp_path):
+    _, single, _, _ = run_worker(spec(batch_size=4, grad_accum_steps=2), tmp_path)
+    dp, result = run_ranks(spec(batch_size=2, grad_accum_steps=2, gpus=2), tmp_path, "dp")
+    assert_same_steps(dp, single, "2 ranks x batch 2 vs 1 process x batch 4")
+    assert all(s["ranks"] == 2 and s["tokens"] == 4 * 32 * 2 for s in dp)
+    assert all(s["comm_wait_s"] >= 0 for s in dp)
+    assert result["outcome"] == "SUCCEEDED"
+    # The loss moved: a run whose ranks drifted apart would show it within these steps.
+    assert dp[-1]["loss"] < dp[0]["loss"]
+
+
+def test_sharded_optimizer_state_equals_unsharded(tmp_path):
+    plain, _ = run_ranks(spec(batch_size=2, gpus=2), tmp_path, "plain")
+    zero1, _ = run_ranks(spec(batch_size=2, gpus=2, optimizer={"shard_state": True}), tmp_path, "zero1")
+    assert_same_steps(zero1, plain, "ZeRO-1 vs unsharded")
+
+
+def test_sharded_checkpoint_resumes_exactly_on_the_same_and_another_number_of_ranks(tmp_path):
+    zero1 = {"shard_state": True}
+    full, _ = run_ranks(spec(batch_size=2, gpus=2, steps=6, optimizer=zero1), tmp_path, "full")
+    ck = tmp_path / "ck"
+    first, result = run_ranks(spec(batch_size=2, gpus=2, steps=3, optimizer=zero1,
+                                   checkpoint={"dir": str(ck), "enabled": True}), tmp_path, "first")
+    step3 = ck / "step-00000003"
+    manifest = json.loads((step3 / "MANIFEST.json").read_text())
+    assert manifest["optimizer_shards"] == 2
+    assert {"optimizer-rank-0-of-2.safetensors", "optimizer-rank-1-of-2.safetensors",
+            "model.safetensors"} <= set(manifest["files"])
+    assert not (step3 / "optimizer.safetensors").exists()
+    assert_same_steps(first, full[:3], "before the checkpoint")
+    # The same two ranks resume: steps 4..6 as the uninterrupted run.
+    same = tmp_path / "same"
+    subprocess.run(["cp", "-r", str(ck), str(same)], check=True)
+    resumed, _ = run_ranks(spec(batch_size=2, gpus=2, steps=6, optimizer=zero1,
+                                checkpoint={"dir": str(same), "enabled": True}), tmp_path, "resumed")
+    assert [s["step"] for s in resumed] == [4, 5, 6]
+    assert_same_steps(resumed, full[3:], "resumed on 2 ranks")
+    # One process with the same combined batch takes both shards (re-sharding by parameter name).
+    _, one, _, _ = run_worker(spec(batch_size=4, steps=6, checkpoint={"dir": str(ck), "enabled": True}), tmp_path)
+    assert [s["step"] for s in one] == [4, 5, 6]
+    assert_same_steps(one, full[3:], "resumed on 1 process")
+
+
+def test_a_different_combined_batch_is_refused_naming_the_fields(tmp_path):
+    ck = tmp_path / "ck"
+    run_ranks(spec(batch_size=2, gpus=2, steps=2, checkpoint={"dir": str(ck), "enabled": True}), tmp_path, "w")
+    code, _, result, _ = run_worker(spec(batch_size=2, steps=4, checkpoint={"dir": str(ck), "enabled": True}),
+                                    tmp_path, check=False)
+    assert code != 0
+    assert "spec.batch_size x spec.gpus (the batch of all ranks) is 2 but the checkpoint was written with 4" \
+        in result["message"]
+
+
+def test_a_rank_without_its_store_is_refused(tmp_path):
+    p = tmp_path / "s.json"
+    p.write_text(json.dumps(spec(gpus=2)))
+    r = subprocess.run([str(WORKER), "run", str(p)], capture_output=True, text=True)
+    assert r.returncode == 2
+    assert "--rank R" in r.stderr and "--store" in r.stderr

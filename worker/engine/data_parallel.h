@@ -1,0 +1,100 @@
+// Data parallelism over LibTorch's c10d (docs/distributed.md): the ranks of one job meet at a c10d
+// FileStore, then talk through a process group: NCCL between GPUs where this build has
+// ProcessGroupNCCL, Gloo otherwise (CPU ranks in CI; GPU tensors staged through the host).
+// No collective of our own: every reduction is a c10d call.
+//
+// GradReducer sums the gradients over the ranks in buckets of about 25 MiB, each launched from a
+// post-accumulate-grad hook the moment its last gradient is final, so the reductions run while
+// backward computes the earlier layers (the bucketing DDP does). The trainer normalises the loss by
+// the global count of loss tokens, so the sum is the gradient of the combined batch.
+#pragma once
+
+#include <ATen/cuda/CUDAEvent.h>
+#include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace ftd::engine {
+
+class Ranks {
+ public:
+  // Joins `world` ranks as `rank` through the FileStore at `store_path` (every rank the same path,
+  // new for each attempt). The backend is NCCL for a CUDA device when built with it, else Gloo.
+  static absl::StatusOr<std::unique_ptr<Ranks>> Join(int rank, int world, const std::string& store_path,
+                                                     const torch::Device& device, std::chrono::milliseconds timeout);
+  int rank() const { return rank_; }
+  int world() const { return world_; }
+  const std::string& backend_name() const { return backend_name_; }
+  c10d::Backend& backend() { return *backend_; }
+
+  // In place, blocking: the sum over the ranks.
+  void AllReduceSum(torch::Tensor& t);
+  // In place, blocking: `root`'s value on every rank.
+  void Broadcast(torch::Tensor& t, int root);
+  // Every rank reaches this point (a one-element all-reduce: the same call for Gloo and NCCL).
+  void Barrier();
+
+ private:
+  Ranks() = default;
+  int rank_ = 0, world_ = 1;
+  std::string backend_name_;
+  torch::Device device_{torch::kCPU};
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::Backend> backend_;
+};
+
+class GradReducer {
+ public:
+  static constexpr int64_t kBucketBytes = 25 << 20;
+  // `params`: the trainable parameters, in the model's order (buckets are cut in reverse order,
+  // the order backward produces them in). Installs a post-accumulate-grad hook on each.
+  GradReducer(Ranks& ranks, const std::vector<torch::Tensor>& params, int64_t bucket_bytes = kBucketBytes);
+  ~GradReducer();
+  GradReducer(const GradReducer&) = delete;
+  GradReducer& operator=(const GradReducer&) = delete;
+
+  // The next backward pass completes the step's gradients: reduce each bucket as it becomes final.
+  void Arm();
+  // After that backward: reduces what no hook launched and waits for every bucket; the gradients
+  // are then views of the reduced buckets. Returns the seconds this took (the communication backward did not
+  // hide): wall time on the CPU; on a GPU, CUDA events read by ReadWait() after the step syncs.
+  void Finish();
+  double ReadWait();
+  int num_buckets() const { return static_cast<int>(buckets_.size()); }
+
+ private:
+  struct Bucket {
+    std::vector<size_t> params;
+    int ready = 0;
+    bool launched = false;
+    torch::Tensor flat;
+    c10::intrusive_ptr<c10d::Work> work;
+  };
+  friend struct ReadyHook;
+  void Ready(size_t param);
+  void Launch(Bucket& b);
+
+  Ranks& ranks_;
+  std::vector<torch::Tensor> params_;
+  std::vector<Bucket> buckets_;
+  std::vector<size_t> bucket_of_;
+  std::mutex mu_;
+  bool armed_ = false;
+  double wait_s_ = 0;
+  bool cuda_ = false;
+  std::vector<at::cuda::CUDAEvent> events_;  // GPU: around Finish's waits
+};
+
+// The owner of each parameter under ZeRO-1: greedy by size, so each rank holds about 1/world of
+// the elements. Deterministic: every rank computes the same assignment.
+std::vector<int> ShardOwners(const std::vector<torch::Tensor>& params, int world);
+
+}  // namespace ftd::engine
