@@ -79,6 +79,31 @@ TEST(Schedule, AJobInBackoffWaitsWithoutHoldingUpTheOthers) {
   EXPECT_EQ(Starts(plan), (std::vector<std::pair<std::string, std::string>>{{"j-000001", "cpu"}}));
 }
 
+TEST(Schedule, AJobOnSeveralGpusGetsThemAllOrWaitsHoldingItsPlace) {
+  JobQueue q;
+  ftd::v1::Job big;
+  big.set_id("j-000001");
+  big.mutable_spec()->set_gpus(2);
+  ASSERT_TRUE(q.Put(big));
+  Add(&q, 2, 0);
+  // One GPU free: the 2-GPU job waits, and the job behind it does not take the GPU it waits for.
+  EXPECT_TRUE(Schedule({&q, {"gpu:1"}, 1000}).starts.empty());
+  // Three free: it takes two at once; the next job the third.
+  const auto plan = Schedule({&q, {"gpu:0", "gpu:2", "gpu:3"}, 1000});
+  ASSERT_EQ(plan.starts.size(), 2u);
+  EXPECT_EQ(plan.starts[0].job_id, "j-000001");
+  EXPECT_EQ(plan.starts[0].slot, "gpu:0");
+  EXPECT_EQ(plan.starts[0].more_slots, std::vector<std::string>{"gpu:2"});
+  EXPECT_EQ(plan.starts[1].job_id, "j-000002");
+  EXPECT_EQ(plan.starts[1].slot, "gpu:3");
+  // Ranks on the CPU share the CPU slot.
+  JobQueue cpu;
+  big.mutable_spec()->set_device("cpu");
+  ASSERT_TRUE(cpu.Put(big));
+  EXPECT_EQ(Starts(Schedule({&cpu, {"cpu"}, 1000})),
+            (std::vector<std::pair<std::string, std::string>>{{"j-000001", "cpu"}}));
+}
+
 TEST(Schedule, EmptyQueue) {
   JobQueue q;
   const auto plan = Schedule(In(&q, {"cpu"}, 0));

@@ -51,7 +51,10 @@ absl::StatusOr<int64_t> ProcessLauncher::Launch(const LaunchRequest& req) {
   if (req.ranks > 1) fs::remove(store, ec);  // a new file per attempt (c10d's FileStore appends)
   // Held across the spawns so that an immediate exit is not reported before the pids are known.
   std::lock_guard<std::mutex> l(mu_);
-  Running r{req.job_id, req.attempt, "", SystemOomKills()};
+  Running r;
+  r.job_id = req.job_id;
+  r.attempt = req.attempt;
+  r.oom_kills = SystemOomKills();
   r.live_ranks = req.ranks;
   const std::string cgroup = absl::StrCat(req.job_id, "-", req.attempt);
   pid_t leader = 0;

@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <filesystem>
 #include <fstream>
@@ -57,7 +59,7 @@ class LauncherTest : public ::testing::Test {
     fs::remove_all(dir_, ec);
   }
   // Runs one attempt through a launcher over `cgroups`; returns how it ended.
-  ExitStatus RunOne(WorkerCgroups* cgroups) {
+  ExitStatus RunOne(WorkerCgroups* cgroups, const LaunchRequest& req = {"j-000001", 2, "token", "cpu", {}, 1}) {
     ProcessLauncher launcher({worker_, "unix:/nonexistent", dir_ + "/jobs", cgroups});
     std::mutex mu;
     std::condition_variable cv;
@@ -69,10 +71,10 @@ class LauncherTest : public ::testing::Test {
       got = st;
       cv.notify_all();
     });
-    auto pid = launcher.Launch({"j-000001", 2, "token", "cpu"});
+    auto pid = launcher.Launch(req);
     EXPECT_TRUE(pid.ok()) << pid.status();
     std::unique_lock<std::mutex> l(mu);
-    EXPECT_TRUE(cv.wait_for(l, std::chrono::seconds(20), [&] { return got.has_value(); }));
+    EXPECT_TRUE(cv.wait_for(l, std::chrono::seconds(10), [&] { return got.has_value(); }));
     l.unlock();
     launcher.SetExitHandler(nullptr);
     return got.value_or(ExitStatus{});
@@ -117,6 +119,37 @@ TEST_F(LauncherTest, WithoutCgroupsASigkillIsOomOnlyIfTheKernelCountedOne) {
   const ExitStatus st = RunOne(nullptr);
   EXPECT_TRUE(st.signaled);
   EXPECT_EQ(st.oom_killed, SystemOomKills() > before && before >= 0);
+}
+
+TEST_F(LauncherTest, ARankThatFailsStopsEveryRankAndTheAttemptEndsAsItDid) {
+  // Rank 1 fails after a moment; rank 0 would run for a minute. Both note their arguments and the
+  // variables ftd must set.
+  std::ofstream(worker_) << "#!/bin/sh\n"
+                         << "echo \"$* $CUDA_VISIBLE_DEVICES $NCCL_NVLS_ENABLE $TORCH_SYMM_MEM_DISABLE_MULTICAST "
+                         << "$NVSHMEM_DISABLE_NVLS\" > " << dir_ << "/rank.$$\n"
+                         << "case \"$*\" in *'--rank 1'*) sleep 0.3; exit 3;; esac\nexec sleep 60\n";
+  FakeCgroups cg;
+  const auto t0 = std::chrono::steady_clock::now();
+  const ExitStatus st = RunOne(&cg, {"j-000001", 2, "token", "gpu:3", {"gpu:5"}, 2});
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10)) << "rank 0 was left running";
+  EXPECT_FALSE(st.signaled);
+  EXPECT_EQ(st.code, 3);  // the rank that failed, not rank 0's SIGKILL
+  ASSERT_EQ(cg.placed.size(), 2u);  // both ranks in the attempt's cgroup, released once
+  EXPECT_EQ(cg.placed[1].first, "j-000001-2");
+  EXPECT_EQ(cg.released, std::vector<std::string>{"j-000001-2"});
+  std::vector<std::string> lines;
+  for (const auto& e : fs::directory_iterator(dir_)) {
+    if (e.path().filename().string().rfind("rank.", 0) != 0) continue;
+    std::ifstream in(e.path());
+    std::string line;
+    std::getline(in, line);
+    lines.push_back(line);
+  }
+  std::sort(lines.begin(), lines.end());
+  const std::string store = dir_ + "/jobs/j-000001/rendezvous-2.store";
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_NE(lines[0].find("--rank 0 --store " + store + " 3,5 0 1 1"), std::string::npos) << lines[0];
+  EXPECT_NE(lines[1].find("--rank 1 --store " + store + " 3,5 0 1 1"), std::string::npos) << lines[1];
 }
 
 }  // namespace

@@ -5,6 +5,7 @@ c10d (Gloo on the CPU; FTD_TEST_DEVICE=cuda: NCCL on 2 GPUs, scripts/gpu.sh's di
 - a sharded checkpoint resumes exactly on the same number of ranks, and on another (re-sharding)."""
 import json
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -122,3 +123,50 @@ def test_a_rank_without_its_store_is_refused(tmp_path):
     r = subprocess.run([str(WORKER), "run", str(p)], capture_output=True, text=True)
     assert r.returncode == 2
     assert "--rank R" in r.stderr and "--store" in r.stderr
+
+
+def rank_pids(job):
+    """pid -> rank of every worker process of `job` (its argv: agent ... --job J ... --rank r)."""
+    out = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"agent" in argv and job.encode() in argv and b"--rank" in argv:
+            out[int(d.name)] = int(argv[argv.index(b"--rank") + 1])
+    return out
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the daemon test runs CPU ranks")
+def test_killing_one_rank_stops_every_rank_and_the_job_resumes_as_a_whole(daemon):
+    """ftd starts both ranks of a gpus: 2 job in one process group; SIGKILL to rank 1 ends rank 0
+    too (no rank is left behind), and the job is retried as a whole from its last checkpoint."""
+    from ftdservice import TINY, ftctl, get, group_alive, pid_alive, submit, wait_for
+    job = submit(daemon, dict(TINY, steps=30, gpus=2, checkpoint={"every_steps": 4}), "--max-attempts", "2")
+    j = wait_for(lambda: (lambda g: g if g.get("state") == "RUNNING" and int(g.get("last_step", {}).get("step", 0)) >= 5
+                          else None)(get(daemon, job)), 120, "the job to pass its first checkpoint")
+    leader = int(j["worker_pid"])
+    ranks = rank_pids(job)
+    assert sorted(ranks.values()) == [0, 1], ranks
+    follower = next(p for p, r in ranks.items() if r == 1)
+    assert os.getpgid(follower) == leader  # one process group: stop and kill reach every rank
+    os.kill(follower, signal.SIGKILL)
+    wait_for(lambda: not group_alive(leader) and not pid_alive(leader), 30, "rank 0 to be stopped too")
+    assert ftctl(daemon, "wait", job, timeout=240).returncode == 0
+    j = get(daemon, job)
+    assert j["state"] == "SUCCEEDED" and int(j["attempt"]) == 2, j
+    log = ftctl(daemon, "logs", job).stdout
+    assert "resumed from" in log, log[-3000:]
+    assert not rank_pids(job)
+
+
+def test_a_job_asking_for_more_gpus_than_the_host_has_is_refused_at_submit(daemon):
+    from ftdservice import TINY, ftctl
+    path = Path(daemon.data).parent / "big.json"
+    path.write_text(json.dumps(dict(TINY, device="auto", gpus=2)))
+    p = ftctl(daemon, "submit", str(path))
+    assert p.returncode != 0
+    assert "spec.gpus asks for 2 GPUs but this ftd has 0" in p.stderr, p.stderr
