@@ -337,6 +337,7 @@ std::vector<GpuRoom> JobManager::RoomsLocked() const {
       continue;
     }
     ++r.jobs;
+    if (it->second.whole) r.exclusive = true;
     if (it->second.gpu_bytes < 0) {
       r.exclusive = true;
     } else {
@@ -560,10 +561,8 @@ void JobManager::AnnotateLocked(Job* job, const QueueView& view) const {
                        owner.max_running, "); ");
   } else if (waits_for_gpus_ == job->id()) {
     reason = "WAITING_FOR_GPUS";
-    int whole = 0;
-    for (const GpuRoom& r : RoomsLocked()) whole += r.gpu >= 0 && r.jobs == 0 && !r.free_slots.empty() ? 1 : 0;
-    why = absl::StrCat("waits for ", SlotsNeeded(job->spec()), " free GPUs at once (spec.gpus; ", whole,
-                       " with no job on them now); ");
+    why = absl::StrCat("waits for ", SlotsNeeded(job->spec()), " free GPUs at once (spec.gpus; ",
+                       WholeFreeGpus(RoomsLocked()).size(), " with no job on them now); ");
   } else if (waits_for_memory_ == job->id()) {
     reason = "WAITING_FOR_MEMORY";
     int64_t most = 0;
@@ -602,6 +601,16 @@ std::string JobManager::PlacementLocked(const Job& job) const {
   const int b = BestRoom(rooms, probe.gpu_bytes, cfg_.gpu_margin_bytes);
   const GpuRoom* best = b < 0 ? nullptr : &rooms[b];
   const std::string queued = queue_.size() > 0 ? absl::StrCat(" once the ", queue_.size(), " queued job(s) ahead of it have had their turn") : "";
+  if (const int need = SlotsNeeded(job.spec()); need > 1) {
+    const auto whole = WholeFreeGpus(rooms);
+    if (whole.size() < static_cast<size_t>(need)) {
+      return absl::StrCat("it would wait for ", need, " free GPUs at once (", whole.size(), " with no job on them now)",
+                          queued.empty() ? "" : ", and" + queued);
+    }
+    std::vector<int> gpus;
+    for (size_t k = 0; k < static_cast<size_t>(need); ++k) gpus.push_back(rooms[whole[k]].gpu);
+    return absl::StrCat("it would start on GPUs ", absl::StrJoin(gpus, ","), queued.empty() ? " now" : queued);
+  }
   if (best == nullptr) {
     return absl::StrCat("no slot fits it now: it would wait for a slot", probe.gpu_bytes > 0 ? " with enough GPU memory" : "",
                         queued.empty() ? "" : ", and" + queued);
@@ -1005,8 +1014,9 @@ absl::StatusOr<LaunchRequest> JobManager::StartLocked(const Placement& p) {
   {
     std::lock_guard<std::mutex> view(view_mu_);
     queue_.Remove(job_id);
-    slot_use_[slot] = {job_id, job->owner(), gpu_bytes, true};
-    for (const auto& s : p.more_slots) slot_use_[s] = {job_id, job->owner(), -1, false};
+    const bool whole = !p.more_slots.empty();
+    slot_use_[slot] = {job_id, job->owner(), gpu_bytes, true, whole};
+    for (const auto& s : p.more_slots) slot_use_[s] = {job_id, job->owner(), gpu_bytes, false, true};
     usage_.Open(job_id, job->owner(), gpus, now);
   }
   PublishGpusLocked();

@@ -265,6 +265,7 @@ class JobManager {
     std::string job_id, owner;
     int64_t gpu_bytes = -1;  // QueuedJob::gpu_bytes of the job on it
     bool primary = true;     // false: one of the other GPUs of a job on several
+    bool whole = false;      // a job on several GPUs: no other job joins it on this GPU
   };
   std::map<std::string, SlotUse> slot_use_;  // busy slots
   UsageLedger usage_;                        // GPU time by owner (quotas, fair share)

@@ -1474,7 +1474,7 @@ class SharingTest : public JobManagerTest {
  protected:
   // A job of `owner`; on the GPU unless `cpu`.
   absl::StatusOr<ftd::v1::SubmitJobResponse> SubmitAs(const std::string& owner, const std::string& name,
-                                                      bool cpu = true, bool validate_only = false) {
+                                                      bool cpu = true, bool validate_only = false, int gpus = 1) {
     ftd::v1::SubmitJobRequest req;
     req.set_name(name);
     req.set_owner(owner);
@@ -1485,6 +1485,7 @@ class SharingTest : public JobManagerTest {
     spec->set_seq_len(32);
     spec->set_device(cpu ? "cpu" : "cuda");
     spec->set_steps(10);
+    if (gpus > 1) spec->set_gpus(gpus);
     return manager_->Submit(req);
   }
   std::string Id(const absl::StatusOr<ftd::v1::SubmitJobResponse>& r) {
@@ -1538,6 +1539,51 @@ TEST_F(SharingTest, JobsShareAGpuWhileTheirPredictedPeaksFitAndAnOomLeavesTheNei
   EXPECT_EQ(launcher_->Last().job_id, c);
   EXPECT_EQ(launcher_->Last().slot, "gpu:0/0");
   (void)second;
+}
+
+TEST_F(SharingTest, AJobOnTwoGpusTakesTwoWholeGpusAtOnceOrWaitsHoldingItsPlace) {
+  cfg_.gpus = 2;
+  cfg_.jobs_per_gpu = 2;
+  cfg_.memory.gpu_bytes = int64_t{80} << 30;
+  cfg_.gpu_margin_bytes = 0;
+  Make();
+  const std::string small = Id(SubmitAs("u", "small", false));
+  manager_->Tick();
+  ASSERT_EQ(launcher_->Launches(), 1u);
+  EXPECT_EQ(launcher_->Last().slot, "gpu:0/0");
+  // GPU 1 is free and GPU 0 has a free slot, but only one GPU has no job on it: the 2-GPU job
+  // waits, and the job behind it does not take the room it waits for.
+  const std::string big = Id(SubmitAs("u", "big", false, false, 2));
+  const std::string after = Id(SubmitAs("u", "after", false));
+  manager_->Tick();
+  EXPECT_EQ(launcher_->Launches(), 1u);
+  const Job waiting = Get(big);
+  EXPECT_EQ(waiting.reason(), "WAITING_FOR_GPUS") << waiting.message();
+  EXPECT_NE(waiting.message().find("waits for 2 free GPUs at once"), std::string::npos) << waiting.message();
+  EXPECT_NE(waiting.message().find("1 with no job on them now"), std::string::npos) << waiting.message();
+  EXPECT_EQ(Get(after).state(), ftd::v1::QUEUED);
+  // The small job ends: both GPUs are whole; the big job takes both at once as two ranks, and
+  // nothing joins it on them.
+  const LaunchRequest first = launcher_->Last();
+  ASSERT_TRUE(manager_->Assign(Hello(first)).ok());
+  Succeed(first);
+  manager_->Tick();
+  ASSERT_EQ(launcher_->Launches(), 2u);
+  const LaunchRequest both = launcher_->Last();
+  EXPECT_EQ(both.job_id, big);
+  EXPECT_EQ(both.ranks, 2);
+  EXPECT_EQ(both.gpu, 0);
+  EXPECT_EQ(both.more_gpus, std::vector<int>{1});
+  EXPECT_EQ(both.slot, "gpu:0/0");
+  EXPECT_EQ(both.more_slots, std::vector<std::string>{"gpu:1/0"});
+  EXPECT_EQ(Get(big).state(), ftd::v1::RUNNING);
+  EXPECT_EQ(Get(after).state(), ftd::v1::QUEUED);
+  // It ends: its GPUs are free again for the job behind it.
+  ASSERT_TRUE(manager_->Assign(Hello(both)).ok());
+  Succeed(both);
+  manager_->Tick();
+  ASSERT_EQ(launcher_->Launches(), 3u);
+  EXPECT_EQ(launcher_->Last().job_id, after);
 }
 
 TEST_F(SharingTest, OneJobPerGpuKeepsTheSlotNamesAndTheirGpus) {

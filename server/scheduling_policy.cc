@@ -25,6 +25,14 @@ bool Fits(const GpuRoom& room, int64_t bytes, int64_t margin_bytes) {
   return room.used_bytes + bytes + margin_bytes <= room.capacity_bytes;
 }
 
+std::vector<size_t> WholeFreeGpus(const std::vector<GpuRoom>& rooms) {
+  std::vector<size_t> whole;
+  for (size_t i = 0; i < rooms.size(); ++i) {
+    if (rooms[i].gpu >= 0 && rooms[i].jobs == 0 && !rooms[i].free_slots.empty()) whole.push_back(i);
+  }
+  return whole;
+}
+
 int BestRoom(const std::vector<GpuRoom>& rooms, int64_t bytes, int64_t margin_bytes) {
   int best = -1;
   for (size_t i = 0; i < rooms.size(); ++i) {
@@ -89,14 +97,12 @@ SchedulingPlan Schedule(const SchedulingInput& in) {
     if (job->gpus > 1) {
       // A job on several GPUs takes that many whole free GPUs (no other job on them) all at once,
       // or waits holding its place: no job behind it takes the GPUs it waits for.
-      std::vector<size_t> whole;
-      for (size_t i = 0; i < rooms.size() && whole.size() < static_cast<size_t>(job->gpus); ++i) {
-        if (rooms[i].gpu >= 0 && rooms[i].jobs == 0 && !rooms[i].free_slots.empty()) whole.push_back(i);
-      }
+      std::vector<size_t> whole = WholeFreeGpus(rooms);
       if (whole.size() < static_cast<size_t>(job->gpus)) {
         plan.waits_for_gpus = job->id;
         break;
       }
+      whole.resize(static_cast<size_t>(job->gpus));
       Placement p{job->id, rooms[whole[0]].free_slots.front(), rooms[whole[0]].gpu, {}, {}};
       for (size_t k = 0; k < whole.size(); ++k) {
         GpuRoom& r = rooms[whole[k]];

@@ -77,6 +77,10 @@ SchedulingPlan Schedule(const SchedulingInput& in);
 // Whether a job of `bytes` predicted GPU memory (0: none, a CPU job; -1: unknown) may join `room`.
 bool Fits(const GpuRoom& room, int64_t bytes, int64_t margin_bytes);
 
+// The GPUs with a free slot and no job on them (indices into `rooms`, in order): where a job on
+// several GPUs may go.
+std::vector<size_t> WholeFreeGpus(const std::vector<GpuRoom>& rooms);
+
 // The room a job of `bytes` goes to: the fullest it fits on (the first of equals); -1: none.
 int BestRoom(const std::vector<GpuRoom>& rooms, int64_t bytes, int64_t margin_bytes);
 

@@ -87,20 +87,36 @@ TEST(Schedule, AJobOnSeveralGpusGetsThemAllOrWaitsHoldingItsPlace) {
   ASSERT_TRUE(q.Put(big));
   Add(&q, 2, 0);
   // One GPU free: the 2-GPU job waits, and the job behind it does not take the GPU it waits for.
-  EXPECT_TRUE(Schedule({&q, {"gpu:1"}, 1000}).starts.empty());
+  const auto one = Schedule(In(&q, {"gpu:1"}, 1000));
+  EXPECT_TRUE(one.starts.empty());
+  EXPECT_EQ(one.waits_for_gpus, "j-000001");
+  EXPECT_TRUE(one.waits_for_memory.empty());
+  // A GPU with a job on it and a free slot is not a whole free GPU: still waiting.
+  auto rooms = Slots({"gpu:0"});
+  GpuRoom shared;
+  shared.gpu = 1;
+  shared.free_slots = {"gpu:1/1"};
+  shared.jobs = 1;
+  rooms.push_back(shared);
+  const auto part = Schedule({&q, rooms, 1000, 0, nullptr});
+  EXPECT_TRUE(part.starts.empty());
+  EXPECT_EQ(part.waits_for_gpus, "j-000001");
   // Three free: it takes two at once; the next job the third.
-  const auto plan = Schedule({&q, {"gpu:0", "gpu:2", "gpu:3"}, 1000});
+  const auto plan = Schedule(In(&q, {"gpu:0", "gpu:2", "gpu:3"}, 1000));
   ASSERT_EQ(plan.starts.size(), 2u);
+  EXPECT_TRUE(plan.waits_for_gpus.empty());
   EXPECT_EQ(plan.starts[0].job_id, "j-000001");
   EXPECT_EQ(plan.starts[0].slot, "gpu:0");
+  EXPECT_EQ(plan.starts[0].gpu, 0);
   EXPECT_EQ(plan.starts[0].more_slots, std::vector<std::string>{"gpu:2"});
+  EXPECT_EQ(plan.starts[0].more_gpus, std::vector<int>{2});
   EXPECT_EQ(plan.starts[1].job_id, "j-000002");
   EXPECT_EQ(plan.starts[1].slot, "gpu:3");
   // Ranks on the CPU share the CPU slot.
   JobQueue cpu;
   big.mutable_spec()->set_device("cpu");
   ASSERT_TRUE(cpu.Put(big));
-  EXPECT_EQ(Starts(Schedule({&cpu, {"cpu"}, 1000})),
+  EXPECT_EQ(Starts(Schedule(In(&cpu, {"cpu"}, 1000))),
             (std::vector<std::pair<std::string, std::string>>{{"j-000001", "cpu"}}));
 }
 

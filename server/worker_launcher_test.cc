@@ -59,7 +59,7 @@ class LauncherTest : public ::testing::Test {
     fs::remove_all(dir_, ec);
   }
   // Runs one attempt through a launcher over `cgroups`; returns how it ended.
-  ExitStatus RunOne(WorkerCgroups* cgroups, const LaunchRequest& req = {"j-000001", 2, "token", "cpu", {}, 1}) {
+  ExitStatus RunOne(WorkerCgroups* cgroups, const LaunchRequest& req = {"j-000001", 2, "token", "cpu", -1, {}, {}, 1}) {
     ProcessLauncher launcher({worker_, "unix:/nonexistent", dir_ + "/jobs", cgroups});
     std::mutex mu;
     std::condition_variable cv;
@@ -130,7 +130,7 @@ TEST_F(LauncherTest, ARankThatFailsStopsEveryRankAndTheAttemptEndsAsItDid) {
                          << "case \"$*\" in *'--rank 1'*) sleep 0.3; exit 3;; esac\nexec sleep 60\n";
   FakeCgroups cg;
   const auto t0 = std::chrono::steady_clock::now();
-  const ExitStatus st = RunOne(&cg, {"j-000001", 2, "token", "gpu:3", {"gpu:5"}, 2});
+  const ExitStatus st = RunOne(&cg, {"j-000001", 2, "token", "gpu:3", 3, {"gpu:5"}, {5}, 2});
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10)) << "rank 0 was left running";
   EXPECT_FALSE(st.signaled);
   EXPECT_EQ(st.code, 3);  // the rank that failed, not rank 0's SIGKILL
