@@ -5,10 +5,15 @@ dist_bench.json: the job's tokens/s (all ranks), the scaling efficiency against 
 the largest per-rank peak memory, and the step's un-overlapped communication wait.
 
   python3 bench/dist_bench.py --worker build-gpu/worker/ftd-worker --out DIR [--gpus 2] [--shape 4x2048]
-      [--steps 13] [--warmup 3]
+      [--layers 32] [--ac none|selective|full] [--steps 10] [--warmup 3]
 
-A 1-GPU run of the 8B shape at 4x2048 needs ~81 GiB (docs/performance.md): on 80 GB cards it runs
-out of memory, and the 1-GPU baseline is then reported as such (ZeRO-1 is what makes it fit there).
+Fitting an 80 GB card: a 1-GPU run of the 8B at 4x2048 needs ~81 GiB without activation
+checkpointing (docs/performance.md), ~61 GiB with `--ac full`; `--layers 16` keeps the 8B's layer
+shape with half its depth (~45 GiB without checkpointing; written as an HF config.json).
+
+Self-checking: exits 1 when a run fails or when the N-GPU ZeRO-1 run's losses and gradient norms
+differ from the N-GPU unsharded run's by more than bf16 rounding (they see the same data).
+`--model tiny --device cpu` runs the same on CPU ranks (Gloo): a check of this script, not a figure.
 """
 import argparse
 import json
@@ -21,26 +26,67 @@ from pathlib import Path
 
 import numpy as np
 
+# ZeRO-1 against unsharded, step by step (bf16: AdamW runs the same per-tensor math either way; the
+# slack covers the broadcast of bf16 parameters and kernel choices).
+ZERO1_REL = 3e-2
 
-def run(worker, tokens, gpus, b, t, steps, shard, work):
-    spec = {"model": {"preset": "llama-3.1-8b"}, "data": {"path": str(tokens), "token_dtype": "uint32"},
-            "steps": steps, "batch_size": b, "seq_len": t, "device": "cuda", "dtype": "bf16", "kernel_set": "fused",
-            "gpus": gpus, "checkpoint": {"enabled": False},
+
+def model_fields(a, work):
+    """The spec's model: the preset, or the 8B shape with --layers decoder layers (an HF config.json)."""
+    if a.model != "llama-3.1-8b" or a.layers == 32:
+        return {"preset": a.model}, 128256 if a.model == "llama-3.1-8b" else 64
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from hf_common import llama_8b_config
+    cfg = llama_8b_config()
+    cfg.num_hidden_layers = a.layers
+    path = work / "config.json"
+    cfg.to_json_file(str(path))
+    return {"config_path": str(path)}, cfg.vocab_size
+
+
+def run(a, model, tokens, gpus, b, t, shard, work):
+    cuda = a.device == "cuda"
+    spec = {"model": model, "data": {"path": str(tokens), "token_dtype": "uint32"},
+            "steps": a.steps, "batch_size": b, "seq_len": t, "device": a.device,
+            "dtype": "bf16" if cuda else "fp32", "kernel_set": "fused" if cuda else "eager",
+            "activation_checkpointing": a.ac, "gpus": gpus, "checkpoint": {"enabled": False},
             "optimizer": {"lr": 1e-5, "weight_decay": 0.1, "grad_clip": 1.0, "shard_state": shard}}
     name = f"g{gpus}-{'zero1' if shard else 'plain'}"
     path = work / f"{name}.json"
     path.write_text(json.dumps(spec))
     env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
     store = work / f"{name}.store"
-    procs = [subprocess.Popen([str(worker), "run", str(path), "--rank", str(r), "--store", str(store)],
+    logs = [open(work / f"{name}.rank{r}.log", "w") for r in range(gpus)]
+    procs = [subprocess.Popen([str(a.worker), "run", str(path), "--rank", str(r), "--store", str(store),
+                               "--rank-timeout", "120"],
                               stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL,
-                              stderr=open(work / f"{name}.rank{r}.log", "w"), text=True, env=env)
+                              stderr=logs[r], text=True, env=env)
              for r in range(gpus)]
-    out = procs[0].communicate()[0]
-    codes = [p.wait() for p in procs]
+    try:
+        out = procs[0].communicate(timeout=a.timeout)[0]
+        codes = [p.wait(timeout=60) for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        out, codes = "", [p.wait() for p in procs]
     lines = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
-    result = next((l for l in lines if l["event"] == "result"), {"outcome": "FAILED", "message": f"exit codes {codes}"})
+    tail = (work / f"{name}.rank0.log").read_text()[-300:].strip().replace("\n", " / ")
+    result = next((l for l in lines if l["event"] == "result"),
+                  {"outcome": "FAILED", "message": f"exit codes {codes} (limit {a.timeout} s); rank 0: {tail}"})
     return name, [l for l in lines if l["event"] == "step"], result
+
+
+def check_zero1(runs, steps_of):
+    """Messages for each step where ZeRO-1's loss or gradient norm is not the unsharded run's."""
+    plain, zero1 = steps_of.get(runs[1]["run"]), steps_of.get(runs[2]["run"])
+    if not plain or not zero1:
+        return []
+    bad = []
+    for x, y in zip(zero1, plain):
+        for key in ("loss", "grad_norm"):
+            if abs(x[key] - y[key]) > ZERO1_REL * abs(y[key]):
+                bad.append(f"step {x['step']}: ZeRO-1 {key} {x[key]:.5g} vs unsharded {y[key]:.5g}")
+    return bad
 
 
 def main():
@@ -48,20 +94,27 @@ def main():
     ap.add_argument("--worker", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--gpus", type=int, default=2)
-    ap.add_argument("--shape", default="4x2048")
-    ap.add_argument("--steps", type=int, default=13)
+    ap.add_argument("--shape", default="4x2048", help="B x T per GPU")
+    ap.add_argument("--model", default="llama-3.1-8b", choices=["llama-3.1-8b", "tiny"])
+    ap.add_argument("--layers", type=int, default=32, help="decoder layers of the 8B shape (32: the 8B itself)")
+    ap.add_argument("--ac", default="none", choices=["none", "selective", "full"], help="activation_checkpointing")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--timeout", type=int, default=300, help="seconds per run")
     a = ap.parse_args()
     b, t = (int(x) for x in a.shape.split("x"))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="dist-bench-"))
+    model, vocab = model_fields(a, work)
     tokens = work / "tokens.bin"
     rows = a.gpus * b * (a.steps + 1)
-    np.random.default_rng(0).integers(0, 128256, size=rows * (t + 1), dtype=np.uint32).tofile(tokens)
-    runs = []
+    np.random.default_rng(0).integers(0, vocab, size=rows * (t + 1), dtype=np.uint32).tofile(tokens)
+    runs, steps_of = [], {}
     for gpus, shard in [(1, False), (a.gpus, False), (a.gpus, True)]:
-        name, steps, result = run(a.worker, tokens, gpus, b, t, a.steps, shard, work)
+        name, steps, result = run(a, model, tokens, gpus, b, t, shard, work)
+        steps_of[name] = steps
         meas = steps[a.warmup:]
         r = {"run": name, "gpus": gpus, "zero1": shard, "outcome": result["outcome"], "message": result.get("message", "")}
         if meas and result["outcome"] == "SUCCEEDED":
@@ -73,19 +126,30 @@ def main():
         runs.append(r)
         print(json.dumps(r), file=sys.stderr)
     base = runs[0].get("tokens_per_s")
-    print(f"LLaMA-3.1-8B shape, bf16, fused, {b}x{t} per GPU, {a.steps} steps ({a.warmup} warm-up), median\n")
+    depth = "" if a.layers == 32 or a.model != "llama-3.1-8b" else f" with {a.layers} layers"
+    what = "LLaMA-3.1-8B shape" if a.model == "llama-3.1-8b" else a.model
+    print(f"{what}{depth}, {'bf16, fused' if a.device == 'cuda' else 'fp32, eager, CPU'}, activation checkpointing "
+          f"{a.ac}, {b}x{t} per GPU, {a.steps} steps ({a.warmup} warm-up), median\n")
     print("| GPUs | ZeRO-1 | tokens/s (job) | x 1 GPU | efficiency | step (s) | comm wait (s) | max per-rank peak |")
     print("|---:|---|---:|---:|---:|---:|---:|---:|")
     for r in runs:
         if "tokens_per_s" not in r:
-            print(f"| {r['gpus']} | {'yes' if r['zero1'] else 'no'} | {r['outcome']}: {r['message'][:80]} | | | | | |")
+            print(f"| {r['gpus']} | {'yes' if r['zero1'] else 'no'} | {r['outcome']}: {r['message'][:200]} | | | | | |")
             continue
         speedup = r["tokens_per_s"] / base if base else None
         eff = speedup / r["gpus"] if speedup else None
+        r.update(speedup=speedup, efficiency=eff)
         print(f"| {r['gpus']} | {'yes' if r['zero1'] else 'no'} | {r['tokens_per_s']:,.0f} | "
               f"{'' if speedup is None else f'{speedup:.2f}'} | {'' if eff is None else f'{eff:.1%}'} | "
               f"{r['step_time_s']:.3f} | {r['comm_wait_s']:.3f} | {r['max_rank_peak_gib']:.1f} GiB |")
-    (out / "dist_bench.json").write_text(json.dumps(runs, indent=2))
+    problems = [f"{r['run']}: {r['outcome']}" for r in runs if "tokens_per_s" not in r] + check_zero1(runs, steps_of)
+    config = {"model": model, "layers": a.layers, "ac": a.ac, "shape": a.shape, "device": a.device,
+              "steps": a.steps, "warmup": a.warmup}
+    (out / "dist_bench.json").write_text(json.dumps({"config": config, "runs": runs, "problems": problems}, indent=2))
+    for p in problems:
+        print(f"dist_bench: {p}")
+    print(f"\ndist_bench: {'FAILED' if problems else 'ok'} (rank logs in {work})")
+    sys.exit(1 if problems else 0)
 
 
 if __name__ == "__main__":
