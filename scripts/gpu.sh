@@ -24,9 +24,10 @@
 #   pack: two 8B LoRA jobs sharing GPU 0 through ftd (--jobs-per-gpu 2) against one alone (PACK_ARGS:
 #       bench/pack_bench.py flags).
 #   dist: data parallel on a host with 2+ GPUs (DIST_GPUS, default 2): distributed_gpu_test (NCCL ranks
-#       against one process, fp32 and bf16), then bench/dist_bench.py (4x2048 per GPU, 1 vs N GPUs,
-#       with/without ZeRO-1: the 8B with full activation checkpointing, and the 8B shape with 16 layers;
-#       DIST_ARGS: more flags). Fails when a test or a run fails or ZeRO-1 departs from unsharded.
+#       against one process, fp32 and bf16), the NCCL all-reduce bandwidth (bench/allreduce_bw.py), then
+#       bench/dist_bench.py (4x2048 per GPU, 1 vs N GPUs, with/without ZeRO-1: the 8B with full activation
+#       checkpointing, and the 8B shape with 16 layers; DIST_ARGS: more flags). Fails when a test or a
+#       run fails or ZeRO-1 departs from unsharded.
 #   ab: this tree's ftd-worker against another version's, the 8B fused step in one invocation
 #       (BASE_SRC: that version's source tree, e.g. `git archive REV | tar x -C base-src`;
 #       AB_ARGS: bench/train_bench.py flags, default --shapes 4x2048 --repeat 3).
@@ -122,6 +123,9 @@ for stage in "${stages[@]}"; do
       (cd "$build" && FTD_TEST_NO_SKIP=1 ctest -R '^distributed_gpu_test$' --output-on-failure --timeout 600 2>&1) \
         > "$out/dist_test.log" || { rc=1; echo "gpu.sh: distributed_gpu_test FAILED"; }
       grep -E "passed|failed|error|assert|Tests? +#|tests passed" "$out/dist_test.log" | tail -12
+      stamp "NCCL all-reduce bandwidth between ${DIST_GPUS:-2} GPUs (docs/distributed.md's B_nvl)"
+      timeout 300 python3 bench/allreduce_bw.py --out "$out" --gpus "${DIST_GPUS:-2}" 2>&1 | tee "$out/allreduce_bw.log" | tail -6
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
       # 1 vs N GPUs at 4x2048 per GPU, with and without ZeRO-1, in two sizes that fit an 80 GB card:
       # the 8B with full activation checkpointing, and the 8B's layer shape at half depth without.
       for cfg in "8b-ac-full:--ac full" "8b-shape-16-layers:--layers 16"; do

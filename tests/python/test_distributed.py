@@ -208,3 +208,19 @@ def test_dist_bench_runs_on_cpu_ranks_and_fails_when_a_run_does(tmp_path):
                        timeout=300)
     assert p.returncode == 1, p.stdout
     assert "dist_bench: g1-plain: FAILED" in p.stdout and "dist_bench: FAILED" in p.stdout
+
+
+@cpu_only
+def test_allreduce_bandwidth_script_on_gloo(tmp_path):
+    """bench/allreduce_bw.py on 2 CPU ranks (Gloo): one row per size, bus bandwidth = algorithm
+    bandwidth x 2(N-1)/N, in its table and JSON."""
+    import sys
+    bench = Path(__file__).resolve().parents[2] / "bench" / "allreduce_bw.py"
+    p = subprocess.run([sys.executable, str(bench), "--out", str(tmp_path), "--device", "cpu", "--mib", "1,2",
+                        "--iters", "2"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+    res = json.loads((tmp_path / "allreduce_bw.json").read_text())
+    assert [r["mib"] for r in res["rows"]] == [1, 2]
+    for r in res["rows"]:
+        assert r["time_s"] > 0 and r["busbw_gbs"] == pytest.approx(r["algbw_gbs"] * 2 * (2 - 1) / 2)
+    assert "| 2 MiB |" in p.stdout
