@@ -1,11 +1,17 @@
 """Checkpoint and cancel benchmark: how fast ftd-worker writes and loads a full checkpoint (weights,
 AdamW state, RNG) and how long a cancel takes to end the process, on the LLaMA-3.1-8B shape on the
-GPU (or the tiny model on the CPU, as a smoke test). Prints a markdown table, writes ckpt_bench.json.
+GPU (or the tiny model on the CPU, as a smoke test), against the raw write rate of the same disk.
+Prints a markdown table, writes ckpt_bench.json.
 
   python3 bench/ckpt_bench.py --worker build-gpu/worker/ftd-worker --out DIR [--device cuda|cpu]
-      [--preset llama-3.1-8b|tiny] [--batch B --seq T] [--ckpt-root /tmp]
+      [--preset llama-3.1-8b|tiny] [--batch B --seq T] [--ckpt-root DIR (default $CKPT_ROOT, else /tmp)]
 
-Three runs of `ftd-worker run`, one after the other, every output line stamped when it arrives:
+First the checkpoint's size is predicted from the preset and the root's free space checked: too
+little, and the bench stops before writing anything, with both numbers. Then the disk's raw rate:
+the same byte count written to the root with large sequential writes (64 MiB, as dd bs=64M), one
+fsync at the end, GB/s = bytes / (open -> fsync done). The checkpoint's write rate is then reported
+beside it as a ratio ("how close to the disk"). Then three runs of `ftd-worker run`, one after the
+other, every output line stamped when it arrives:
   1. write: a few steps, then the final checkpoint. GB/s = the checkpoint's bytes / (its first
      save_checkpoint progress line -> the "checkpoint DIR" line, which comes after the fsyncs and
      the rename).
@@ -85,6 +91,60 @@ def write_spec(path, args, tokens, ckpt_dir, steps, every_steps=0):
     return path
 
 
+# The presets' shapes (spec/llama_config.cc), for the checkpoint's size before anything is written.
+PRESETS = {  # vocab, hidden, intermediate, layers, heads, kv heads, head dim, tied embeddings
+    "llama-3.1-8b": (128256, 4096, 14336, 32, 32, 8, 128, False),
+    "tiny": (64, 128, 352, 4, 4, 2, 32, False),
+}
+
+
+def predicted_checkpoint_bytes(preset, device):
+    """Weights plus AdamW's two moments (each in the weights' dtype: bf16 on CUDA, fp32 on the CPU),
+    or None for a preset not listed here. The headers, the RNG state and trainer_state.json add a few
+    kilobytes."""
+    if preset not in PRESETS:
+        return None
+    v, h, i, layers, heads, kv, hd, tied = PRESETS[preset]
+    per_layer = h * heads * hd * 2 + h * kv * hd * 2 + 3 * h * i + 2 * h
+    params = v * h * (1 if tied else 2) + layers * per_layer + h
+    return params * (2 if device == "cuda" else 4) * 3
+
+
+def raw_write_rate(directory, nbytes, block=64 << 20):
+    """Writes nbytes of random data to a new file in `directory` in `block`-sized sequential writes,
+    fsyncs once and removes it. Returns (seconds from open to fsync done, GB/s)."""
+    buf = np.random.default_rng(1).integers(0, 256, size=block, dtype=np.uint8).tobytes()
+    path = Path(directory) / "raw-write.bin"
+    t0 = time.monotonic()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        left = nbytes
+        while left > 0:
+            view = memoryview(buf)[: min(block, left)]
+            while view:
+                view = view[os.write(fd, view):]
+            left -= min(block, left)
+        os.fsync(fd)
+        dt = time.monotonic() - t0
+    finally:
+        os.close(fd)
+        path.unlink()
+    return dt, nbytes / dt / 1e9
+
+
+def fmt_gb(n):
+    return f"{n / 1e9:.1f}" if n >= 1e9 else f"{n / 1e9:.3f}"
+
+
+def check_room(root, need, what):
+    """Stops the bench, before anything is written, when `root` has less free space than `need`."""
+    free = shutil.disk_usage(root).free
+    if free < need:
+        raise SystemExit(f"ckpt_bench: {root} has {fmt_gb(free)} GB free, and {what} need {fmt_gb(need)} GB: "
+                         f"give --ckpt-root (or CKPT_ROOT) a directory on a disk with room")
+    return free
+
+
 def phase_rate(progress, phase):
     """(bytes, first line's time, last line's time) of one phase's progress lines."""
     rows = [(t, e) for t, e in progress if e["phase"] == phase]
@@ -103,7 +163,9 @@ def main():
     ap.add_argument("--seq", type=int, help="default 2048 (8B) or 64 (tiny)")
     ap.add_argument("--kernel-set", default="fused", help="fused|eager (default fused; the CPU runs eager)")
     ap.add_argument("--steps", type=int, default=3, help="steps before the checkpoint of run 1")
-    ap.add_argument("--ckpt-root", default=tempfile.gettempdir(), help="where the checkpoints go (not under --out)")
+    ap.add_argument("--ckpt-root", default=os.environ.get("CKPT_ROOT") or tempfile.gettempdir(),
+                    help="where the checkpoints and the raw-rate file go (not under --out); default $CKPT_ROOT, else /tmp")
+    ap.add_argument("--raw-bytes", type=float, help="bytes of the raw write (default: the checkpoint's predicted size)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds without output before a run is killed")
     args = ap.parse_args()
     big = (args.preset or ("llama-3.1-8b" if args.device == "cuda" else "tiny")) != "tiny"
@@ -114,15 +176,38 @@ def main():
         args.kernel_set = "eager"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="ftd-ckpt-bench-", dir=args.ckpt_root))
     vocab = 128256 if big else 64
-    tokens = work / "tokens.u32"
     n = args.batch * (args.seq + 1) * (args.steps + 64)
+    predicted = predicted_checkpoint_bytes(args.preset, args.device)
+    raw_bytes = int(args.raw_bytes or predicted or 4e9)
+    # One checkpoint exists at a time, and the raw-rate file only before the first: the larger of
+    # the two, the token file, and a margin for the files beside the tensors.
+    need = max(predicted or 0, raw_bytes) + 4 * n + (1 << 30 if big else 1 << 20)
+    Path(args.ckpt_root).mkdir(parents=True, exist_ok=True)
+    free = check_room(args.ckpt_root, need, f"the {args.preset} checkpoint ({fmt_gb(predicted or 0)} GB), "
+                      f"the raw-rate file ({fmt_gb(raw_bytes)} GB; one at a time) and the token file")
+    print(f"ckpt_bench: {args.ckpt_root}: {fmt_gb(free)} GB free, {fmt_gb(need)} GB needed", flush=True)
+    work = Path(tempfile.mkdtemp(prefix="ftd-ckpt-bench-", dir=args.ckpt_root))
+    tokens = work / "tokens.u32"
     np.random.default_rng(0).integers(0, vocab, size=n, dtype=np.uint32).astype("<u4").tofile(tokens)
     res = {"preset": args.preset, "device": args.device, "batch": args.batch, "seq": args.seq,
-           "kernel_set": args.kernel_set}
+           "kernel_set": args.kernel_set, "ckpt_root": str(args.ckpt_root),
+           "predicted_checkpoint_bytes": predicted, "phase_s": {}}
     logs = {}
+    t_phase = time.monotonic()
+
+    def phase_done(name):
+        nonlocal t_phase
+        res["phase_s"][name] = round(time.monotonic() - t_phase, 1)
+        t_phase = time.monotonic()
+        print(f"ckpt_bench: {name} done in {res['phase_s'][name]} s", flush=True)
+
     try:
+        # 0. the disk's raw rate
+        res["raw_bytes"] = raw_bytes
+        res["raw_write_s"], res["raw_write_gb_s"] = raw_write_rate(work, raw_bytes)
+        phase_done("raw write")
+
         # 1. write
         ckpt = work / "ckpt"
         w = Worker(args.worker, write_spec(work / "write.json", args, tokens, ckpt, args.steps))
@@ -144,6 +229,8 @@ def main():
         res["step_time_s"] = steps[-1]["step_time_s"] if steps else None
         res["predicted_write_s"] = next((e.get("predicted_s") for _, e in progress
                                          if e["phase"] == "save_checkpoint" and e.get("predicted_s")), None)
+        res["write_vs_raw"] = res["write_gb_s"] / res["raw_write_gb_s"]
+        phase_done("train and write")
 
         # 2. load, then cancel half a step after a step ended
         w = Worker(args.worker, write_spec(work / "load.json", args, tokens, ckpt, args.steps + 50))
@@ -167,6 +254,7 @@ def main():
         res["cancel_in_step_s"] = w.t_exit - signalled
         res["cancel_in_step_exit"] = w.p.returncode
         shutil.rmtree(ckpt)
+        phase_done("load and cancel in a step")
 
         # 3. cancel while a checkpoint is being written
         ckpt = work / "ckpt-cancel"
@@ -183,6 +271,7 @@ def main():
         res["cancel_in_checkpoint_s"] = w.t_exit - signalled
         res["cancel_in_checkpoint_exit"] = w.p.returncode
         res["partial_checkpoints_left"] = sorted(p.name for p in ckpt.glob("*.tmp")) if ckpt.exists() else []
+        phase_done("cancel in a checkpoint write")
     finally:
         (out / "ckpt_bench.log").write_text("".join(f"## {k}\n" + "\n".join(v) + "\n" for k, v in logs.items()))
         shutil.rmtree(work, ignore_errors=True)
@@ -190,12 +279,16 @@ def main():
     print(json.dumps(res), flush=True)
     gb = res["checkpoint_bytes"] / 1e9
     pred = f"{res['predicted_write_s']:.1f}" if res.get("predicted_write_s") else "-"
-    print(f"\n| model | device | checkpoint (GB) | write (s) | predicted (s) | write GB/s | load (s) | load GB/s | step (s) "
-          f"| cancel in step (s) | cancel in checkpoint write (s) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print(f"\n| model | device | checkpoint (GB) | write (s) | predicted (s) | write GB/s | raw disk GB/s "
+          f"| checkpoint/raw | load (s) | load GB/s | step (s) | cancel in step (s) | cancel in checkpoint write (s) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     print(f"| {args.preset} | {args.device} | {gb:.3f} | {res['write_s']:.2f} | {pred} | {res['write_gb_s']:.2f} "
+          f"| {res['raw_write_gb_s']:.2f} | {res['write_vs_raw']:.2f} "
           f"| {res['load_s']:.2f} | {res['load_gb_s']:.2f} | {res['step_interval_s']:.3f} "
           f"| {res['cancel_in_step_s']:.2f} | {res['cancel_in_checkpoint_s']:.2f} |")
+    print(f"\ncheckpoint write {res['write_gb_s']:.2f} GB/s, raw disk write {res['raw_write_gb_s']:.2f} GB/s "
+          f"({fmt_gb(res['raw_bytes'])} GB in {res['raw_write_s']:.1f} s) in {args.ckpt_root}: "
+          f"{res['write_vs_raw']:.2f} of the disk's rate")
     return 0
 
 

@@ -12,9 +12,11 @@
 #   roofline: per shape, the matrix work's FLOP-bound time at the measured bf16 GEMM peak plus the
 #       optimizer's bytes-bound time at the measured copy bandwidth, against the measured step
 #       (bench/roofline.py; the perf/perf-long stages' results when run before it in the same $OUT).
-#   ckpt: the 8B checkpoint's write and load GB/s and the cancel-to-exit latency, during a step and
-#       during a checkpoint write (bench/ckpt_bench.py; its ~48 GB checkpoint goes under CKPT_ROOT,
-#       default /tmp, never under $OUT).
+#   ckpt: the 8B checkpoint's write and load GB/s beside the raw write rate of the same disk (the
+#       same bytes in 64 MiB writes, one fsync), and the cancel-to-exit latency, during a step and
+#       during a checkpoint write (bench/ckpt_bench.py; its ~48.2 GB checkpoint and raw-rate file go
+#       under CKPT_ROOT, default /tmp, never under $OUT; it stops at once, naming free and needed GB,
+#       where they do not fit).
 #   fp8: ftd's fp8 set against its bf16 fused set and HF + torchao float8 (compiled per layer) at 4x2048,
 #       8x2048, 2x8192 (bench/train_bench.py; about 6 minutes on an H200, estimated; FP8_ARGS: more flags).
 #       A run that does not fit is run with activation checkpointing (ftd: selective, then full after an

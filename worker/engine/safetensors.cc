@@ -6,9 +6,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <condition_variable>
+#include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <filesystem>
+#include <mutex>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
@@ -231,46 +237,193 @@ uint64_t TensorToWrite::bytes() const {
   return n;
 }
 
+namespace {
+
+absl::Status PwriteAll(int fd, const char* p, uint64_t n, uint64_t offset, const std::string& path) {
+  while (n > 0) {
+    const ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(offset));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return absl::InternalError(absl::StrCat("write ", path, ": ", std::strerror(w < 0 ? errno : EIO)));
+    p += w;
+    n -= static_cast<uint64_t>(w);
+    offset += static_cast<uint64_t>(w);
+  }
+  return absl::OkStatus();
+}
+
+// Threads that pwrite() queued pieces at their offsets. The owner bounds how many are queued and
+// takes back each finished piece (its staging slot and byte count) with Reap. Destruction skips what
+// is still queued, waits for the writes under way and joins.
+class PieceWriters {
+ public:
+  struct Piece {
+    const char* data;
+    uint64_t offset, n;
+    int slot;  // staging buffer to give back, or -1
+  };
+
+  PieceWriters(int fd, const std::string& path, int threads) : fd_(fd), path_(path) {
+    for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Run(); });
+  }
+  ~PieceWriters() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      closing_ = true;
+    }
+    work_cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+
+  void Submit(const Piece& p) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      queue_.push_back(p);
+      ++in_flight_;
+    }
+    work_cv_.notify_one();
+  }
+  int in_flight() const { return in_flight_; }  // only the owner changes it upwards
+  // Skips the pieces still queued (a write that is stopping).
+  void Drop() {
+    std::lock_guard<std::mutex> l(mu_);
+    dropping_ = true;
+  }
+  // Waits for at least one finished piece when `wait` (and any is in flight); returns the finished
+  // pieces, and the first write error in *error.
+  std::vector<Piece> Reap(bool wait, absl::Status* error) {
+    std::unique_lock<std::mutex> l(mu_);
+    if (wait) done_cv_.wait(l, [&] { return !done_.empty() || in_flight_ == 0; });
+    std::vector<Piece> out(done_.begin(), done_.end());
+    done_.clear();
+    in_flight_ -= static_cast<int>(out.size());
+    *error = error_;
+    return out;
+  }
+
+ private:
+  void Run() {
+    std::unique_lock<std::mutex> l(mu_);
+    for (;;) {
+      work_cv_.wait(l, [&] { return closing_ || !queue_.empty(); });
+      if (closing_) return;
+      const Piece p = queue_.front();
+      queue_.pop_front();
+      const bool skip = dropping_ || !error_.ok();
+      l.unlock();
+      absl::Status s = skip ? absl::OkStatus() : PwriteAll(fd_, p.data, p.n, p.offset, path_);
+      l.lock();
+      if (!s.ok() && error_.ok()) error_ = std::move(s);
+      done_.push_back(p);
+      done_cv_.notify_all();
+    }
+  }
+
+  const int fd_;
+  const std::string& path_;
+  std::mutex mu_;
+  std::condition_variable work_cv_, done_cv_;
+  std::deque<Piece> queue_, done_;
+  std::atomic<int> in_flight_{0};
+  bool closing_ = false, dropping_ = false;
+  absl::Status error_;
+  std::vector<std::thread> threads_;
+};
+
+std::shared_ptr<void> AlignedAlloc(size_t bytes) {
+  constexpr size_t kAlign = 4096;
+  return std::shared_ptr<void>(std::aligned_alloc(kAlign, (bytes + kAlign - 1) / kAlign * kAlign), std::free);
+}
+
+}  // namespace
+
 absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
-                              const std::map<std::string, std::string>& metadata, ProgressMeter* progress,
-                              const TensorFetch& fetch) {
+                              const std::map<std::string, std::string>& metadata, const WriteOptions& options) {
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
-  uint64_t offset = 0;
+  uint64_t offset = 0, staged_max = 0;
   for (const auto& t : tensors) {
     header[t.name] = {{"dtype", DTypeName(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes()}}};
     offset += t.bytes();
+    if (t.data == nullptr) {
+      if (!options.fetch && t.bytes() > 0) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": tensor \"", t.name, "\" has no data"));
+      }
+      staged_max = std::max(staged_max, t.bytes());
+    }
   }
-  std::string h = header.dump();
+  std::string h(8, '\0');
+  h += header.dump();
   h.append((8 - h.size() % 8) % 8, ' ');  // align the buffer to 8 bytes, as the reference writer does
+  const uint64_t n = h.size() - 8;
+  for (int i = 0; i < 8; ++i) h[static_cast<size_t>(i)] = static_cast<char>(n >> (8 * i));
   auto created = CreateFile(path);
   if (!created.ok()) return created.status();
   Fd fd = std::move(*created);
-  uint8_t len[8];
-  const uint64_t n = h.size();
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(n >> (8 * i));
-  if (auto s = WriteAll(fd.get(), len, 8, path); !s.ok()) return s;
-  if (auto s = WriteAll(fd.get(), h.data(), h.size(), path); !s.ok()) return s;
-  constexpr uint64_t kPiece = 64u << 20;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const TensorToWrite& t = tensors[i];
-    const void* data = t.data;
-    if (progress != nullptr && progress->Aborted()) return absl::CancelledError(absl::StrCat("write of ", path, " stopped"));
-    if (data == nullptr && t.bytes() > 0) {
-      if (!fetch) return absl::InvalidArgumentError(absl::StrCat(path, ": tensor \"", t.name, "\" has no data"));
-      auto fetched = fetch(i);
-      if (!fetched.ok()) return fetched.status();
-      data = *fetched;
+  if (auto s = PwriteAll(fd.get(), h.data(), h.size(), 0, path); !s.ok()) return s;
+
+  ProgressMeter* progress = options.progress;
+  const uint64_t piece_bytes = std::max<uint64_t>(1, options.piece_bytes);
+  const int max_in_flight = std::max(1, options.in_flight);
+  // Staging buffers, each of min(piece, largest fetched tensor) bytes, made as they are first needed.
+  // Declared before the writers: they outlive every write.
+  std::vector<std::shared_ptr<void>> staging;
+  std::vector<int> free_slots;
+  absl::Status status, write_error;
+  {
+    PieceWriters writers(fd.get(), path, std::max(1, options.writers));
+    auto reap = [&](bool wait) {
+      for (const auto& p : writers.Reap(wait, &write_error)) {
+        if (p.slot >= 0) free_slots.push_back(p.slot);
+        if (progress != nullptr && write_error.ok()) progress->Add(p.n);
+      }
+      return write_error.ok();
+    };
+    uint64_t file_offset = h.size();
+    for (size_t i = 0; i < tensors.size() && status.ok(); ++i) {
+      const TensorToWrite& t = tensors[i];
+      for (uint64_t done = 0, total = t.bytes(); done < total; done += std::min(piece_bytes, total - done)) {
+        const uint64_t len = std::min(piece_bytes, total - done);
+        if (!reap(false)) break;
+        if (progress != nullptr && progress->Aborted()) {
+          status = absl::CancelledError(absl::StrCat("write of ", path, " stopped"));
+          break;
+        }
+        while (writers.in_flight() >= max_in_flight && reap(true)) {
+        }
+        if (!write_error.ok()) break;
+        PieceWriters::Piece piece{nullptr, file_offset + done, len, -1};
+        if (t.data != nullptr) {
+          piece.data = static_cast<const char*>(t.data) + done;
+        } else {
+          if (free_slots.empty()) {
+            staging.push_back(options.alloc ? options.alloc(std::min(piece_bytes, staged_max))
+                                            : AlignedAlloc(std::min(piece_bytes, staged_max)));
+            if (staging.back() == nullptr) {
+              status = absl::ResourceExhaustedError(absl::StrCat(path, ": no memory for a staging buffer"));
+              break;
+            }
+            free_slots.push_back(static_cast<int>(staging.size()) - 1);
+          }
+          piece.slot = free_slots.back();
+          free_slots.pop_back();
+          void* buf = staging[static_cast<size_t>(piece.slot)].get();
+          if (auto s = options.fetch(i, done, len, buf); !s.ok()) {
+            status = s;
+            break;
+          }
+          piece.data = static_cast<const char*>(buf);
+        }
+        writers.Submit(piece);
+      }
+      file_offset += t.bytes();
+      if (!write_error.ok()) break;
     }
-    const auto* p = static_cast<const char*>(data);
-    for (uint64_t done = 0, total = t.bytes(); done < total;) {
-      const uint64_t piece = std::min(kPiece, total - done);
-      if (auto s = WriteAll(fd.get(), p + done, piece, path); !s.ok()) return s;
-      done += piece;
-      if (progress != nullptr) progress->Add(piece);
-      if (progress != nullptr && progress->Aborted()) return absl::CancelledError(absl::StrCat("write of ", path, " stopped"));
-    }
+    if (!status.ok() || !write_error.ok()) writers.Drop();
+    while (writers.in_flight() > 0) reap(true);
   }
+  if (status.ok()) status = write_error;
+  if (!status.ok()) return status;
+  if (progress != nullptr && progress->Aborted()) return absl::CancelledError(absl::StrCat("write of ", path, " stopped"));
   if (::fsync(fd.get()) != 0) return absl::InternalError(absl::StrCat("fsync ", path, ": ", std::strerror(errno)));
   if (::close(fd.release()) != 0) return absl::InternalError(absl::StrCat("close ", path, ": ", std::strerror(errno)));
   return absl::OkStatus();

@@ -76,19 +76,34 @@ struct TensorToWrite {
   std::string name;
   DType dtype;
   std::vector<int64_t> shape;
-  const void* data;  // numel × DTypeSize(dtype) bytes, contiguous; or null, see TensorFetch
+  const void* data;  // numel × DTypeSize(dtype) bytes, contiguous, valid until the write ends; or
+                     // null: WriteOptions::fetch supplies them a piece at a time
   uint64_t bytes() const;  // numel × DTypeSize(dtype)
 };
 
-// Returns the bytes of tensors[index] (one whose `data` is null) just before they are written;
-// they must stay valid until the next call or the end of the write. Lets a caller copy one tensor
-// at a time off a device instead of holding host copies of all of them.
-using TensorFetch = std::function<absl::StatusOr<const void*>(size_t index)>;
+// Copies bytes [offset, offset + n) of tensors[index] (one whose `data` is null) into `staging`
+// (n ≤ WriteOptions::piece_bytes). Called on the calling thread, pieces in file order, so that a
+// caller copies one piece at a time off a device instead of holding host copies of whole tensors.
+using PieceFetch = std::function<absl::Status(size_t index, uint64_t offset, uint64_t n, void* staging)>;
+// Host memory of `bytes` for one staging buffer (pinned memory, for copies off a GPU).
+using StagingAlloc = std::function<std::shared_ptr<void>(size_t bytes)>;
 
-// Writes a .safetensors file (tensors in the order given) and fsyncs it. `progress`, when given,
-// counts the data bytes as they are written (in pieces of at most 64 MiB).
+struct WriteOptions {
+  ProgressMeter* progress = nullptr;  // counts data bytes once they are written; asked to abort per piece
+  PieceFetch fetch;                   // for tensors whose `data` is null
+  StagingAlloc alloc;                 // empty: page-aligned malloc
+  uint64_t piece_bytes = 64u << 20;   // bytes per write; also each staging buffer's size
+  int in_flight = 8;                  // pieces being filled or written at once (staging buffers)
+  int writers = 4;                    // threads that pwrite() pieces at their offsets in the file
+};
+
+// Writes a .safetensors file (tensors in the order given) and fsyncs it once, at the end. The
+// layout is fixed before any data is written, so the pieces go out in parallel: the calling thread
+// fills staging buffers (fetch) while `writers` threads pwrite() the filled ones at their offsets.
+// The bytes are those of a plain sequential write. Between pieces the write stops with CANCELLED
+// when `progress` says to abort; any failure stops it too (what is in flight is waited for).
 absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                               const std::map<std::string, std::string>& metadata = {},
-                              ProgressMeter* progress = nullptr, const TensorFetch& fetch = {});
+                              const WriteOptions& options = {});
 
 }  // namespace ftd::engine
