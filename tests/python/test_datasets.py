@@ -6,6 +6,7 @@ lines, the prepared-dataset cache, held-out loss and the vocabulary check.
 The tokenizer is trained here, offline, in LLaMA-3's layout (tokenizer_corpus.train_llama3)."""
 import json
 import random
+import re
 import subprocess
 
 import numpy as np
@@ -393,7 +394,11 @@ def test_ids_outside_the_model_vocabulary_are_refused_before_training(tok_dir, t
     code, steps, result, _ = run_worker(job, tmp_path, check=False)
     assert code == 2 and steps == []
     assert result["outcome"] == "INVALID_SPEC"
-    assert "not a valid token file for this model: it holds ids outside the model's vocab_size 200" in result["message"]
+    # Run unconfined (no roots: the single-user default), the message names the id and where it is.
+    m = re.search(r"not a valid token file for this model: token (\d+) \(in example (\d+)\) is id (\d+), "
+                  r"outside the model's vocab_size 200 ", result["message"])
+    assert m, result["message"]
+    assert 1 <= int(m.group(2)) <= 20 and 200 <= int(m.group(3)) < len(hf_tokenizer(tok_dir))
 
 
 def test_loss_is_the_mean_over_the_steps_counted_tokens_across_accumulation(tok_dir, tmp_path):

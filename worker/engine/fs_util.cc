@@ -138,6 +138,12 @@ absl::Status ConfineOpens(const std::vector<OpenRoot>& roots) {
 
 void ForceOpenWalkForTesting(bool force) { g_force_walk.store(force); }
 
+bool MayQuoteContents(const std::string& path) {
+  if (!Confined()) return true;
+  const Root* r = RootOf(path, /*write=*/false);
+  return r != nullptr && r->writable;
+}
+
 absl::Status EnsureDirectory(const std::string& dir, std::string_view what) {
   if (!Confined()) {
     std::error_code ec;

@@ -46,6 +46,11 @@ struct OpenRoot {
   bool writable = false;
 };
 absl::Status ConfineOpens(const std::vector<OpenRoot>& roots);
+// Whether an error may quote what the file at `path` holds (a token id and its position): when
+// nothing is confined (the single-user default, where a job reads whatever the worker may), or when
+// the deepest root holding `path` is writable (the job owner's own directory, or the job's). Under a
+// read-only root the file may be another user's, and its bytes stay out of messages.
+bool MayQuoteContents(const std::string& path);
 // For tests: use the O_NOFOLLOW walk even where openat2 exists.
 void ForceOpenWalkForTesting(bool force);
 

@@ -88,6 +88,7 @@ absl::StatusOr<std::unique_ptr<TokenData>> TokenData::FromCorpus(data::Corpus co
                                                                  int64_t vocab_size, Split split) {
   auto d = Make(cfg, seq_len, batch_size, vocab_size);
   d->name_ = "the corpus";
+  d->quote_ = MayQuoteContents(cfg.path);
   d->Adopt(std::move(corpus));
   return Finish(std::move(d), cfg, split, /*eval_file=*/false);
 }
@@ -157,6 +158,7 @@ absl::Status TokenData::Load(const DataConfig& cfg, const std::string& path, con
     return absl::OkStatus();
   }
   name_ = path;
+  quote_ = MayQuoteContents(path);
   auto fd = OpenRegularFile(path, field);
   if (!fd.ok()) {
     if (!absl::IsNotFound(fd.status())) return fd.status();
@@ -233,14 +235,21 @@ int64_t TokenData::Token(int64_t i) const {
 absl::Status TokenData::CheckVocab() const {
   for (int64_t i = 0; i < num_tokens_; ++i) {
     const int64_t id = Token(i);
-    if (id >= vocab_) {
-      // Neither the position nor the id: they are the file's bytes, and the message may reach a caller
-      // who may not read the file.
-      return absl::InvalidArgumentError(absl::StrCat(
-          name_, " is not a valid token file for this model: it holds ids outside the model's vocab_size ", vocab_,
-          docs_.empty() ? " (check spec.data.token_dtype and the tokenizer that wrote the file)"
-                        : " (the tokenizer in spec.data.tokenizer_path does not match the model)"));
+    if (id < vocab_) continue;
+    std::string what = "it holds ids";
+    // The id and where it is are the file's bytes: named only where the caller may read the file.
+    if (quote_) {
+      what = absl::StrCat("token ", i);
+      if (!docs_.empty()) {
+        const auto doc = std::upper_bound(docs_.begin(), docs_.end(), static_cast<uint64_t>(i)) - docs_.begin();
+        absl::StrAppend(&what, " (in example ", doc, ")");
+      }
+      absl::StrAppend(&what, " is id ", id, ",");
     }
+    return absl::InvalidArgumentError(absl::StrCat(
+        name_, " is not a valid token file for this model: ", what, " outside the model's vocab_size ", vocab_,
+        docs_.empty() ? " (check spec.data.token_dtype and the tokenizer that wrote the file)"
+                      : " (the tokenizer in spec.data.tokenizer_path does not match the model)"));
   }
   return absl::OkStatus();
 }

@@ -99,6 +99,7 @@ class TokenData {
   void FillRows(const int64_t* rows, int64_t count, MicroBatch* out) const;
 
   std::string name_;
+  bool quote_ = true;  // errors may name ids and positions (MayQuoteContents)
   bool pad_ = false, shuffle_ = false;
   uint64_t seed_ = 0;
   int64_t seq_ = 0, batch_ = 0, vocab_ = 0;

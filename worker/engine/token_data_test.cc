@@ -8,6 +8,7 @@
 #include <iterator>
 #include <set>
 
+#include "worker/engine/fs_util.h"
 #include "worker/engine/test_tmpdir.h"
 
 namespace ftd::engine {
@@ -73,9 +74,20 @@ TEST(TokenData, RejectsIdsOutsideTheVocabAndShortFiles) {
   { std::ofstream(dir / "t.bin", std::ios::binary).write(reinterpret_cast<const char*>(ids.data()), 128); }
   DataConfig cfg;
   cfg.path = (dir / "t.bin").string();
-  // Refused at open, before any batch, with the vocab size: neither the id nor where it is (the
-  // file's bytes, which the caller may not be allowed to read).
+  // Refused at open, before any batch, with the vocab size. Unconfined (the single-user default) the
+  // message names the id and where it is.
   auto d = TokenData::Open(cfg, 7, 2, 100);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(d.status().message().find("not a valid token file for this model: token 40 is id 500, outside the "
+                                      "model's vocab_size 100"), absl::string_view::npos) << d.status();
+  // Under the caller's own (writable) root too.
+  ASSERT_TRUE(ConfineOpens({{dir.string(), true}}).ok());
+  d = TokenData::Open(cfg, 7, 2, 100);
+  EXPECT_NE(d.status().message().find("token 40 is id 500,"), absl::string_view::npos) << d.status();
+  // Under a read-only root the file may be another user's: neither the id nor where it is.
+  ASSERT_TRUE(ConfineOpens({{dir.string(), false}}).ok());
+  d = TokenData::Open(cfg, 7, 2, 100);
+  ASSERT_TRUE(ConfineOpens({}).ok());
   EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(d.status().message().find("not a valid token file for this model: it holds ids outside the model's "
                                       "vocab_size 100"), absl::string_view::npos) << d.status();
@@ -84,6 +96,14 @@ TEST(TokenData, RejectsIdsOutsideTheVocabAndShortFiles) {
   if (const size_t at = rest.find(cfg.path); at != std::string::npos) rest.erase(at, cfg.path.size());
   EXPECT_EQ(rest.find("500"), std::string::npos) << d.status();
   EXPECT_EQ(rest.find("40"), std::string::npos) << d.status();
+  // A tokenized corpus names the example too.
+  data::Corpus c;
+  c.ids = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+  c.loss = std::vector<uint8_t>(12, 1);
+  c.docs = {0, 5, 8, 12};
+  auto corpus = TokenData::FromCorpus(c, cfg, 3, 1, 7);
+  EXPECT_NE(corpus.status().message().find("token 6 (in example 2) is id 7, outside the model's vocab_size 7"),
+            absl::string_view::npos) << corpus.status();
   EXPECT_TRUE(TokenData::Open(cfg, 7, 2, 501).ok());
   auto small = TokenData::Open(cfg, 63, 2, 501);
   EXPECT_NE(small.status().message().find("batch_size"), absl::string_view::npos) << small.status();
