@@ -99,7 +99,8 @@ for stage in "${stages[@]}"; do
         | tee "$out/train_bench.log" | grep -v "^{" ;;
     lora)
       stamp "LoRA benchmark: ftd eager, ftd fused, HF + PEFT; measured vs predicted peak memory"
-      python3 bench/lora_bench.py --worker "$build/worker/ftd-worker" --out "$out" ${LORA_ARGS:-} 2>&1 \
+      python3 bench/lora_bench.py --worker "$build/worker/ftd-worker" --out "$out" \
+        --impls eager,fused,fused-lora-eager,fused+ac=selective+fcl=16,fused+ac=selective+fcl=18,hf ${LORA_ARGS:-} 2>&1 \
         | tee "$out/lora_bench.log" | grep -v "^{" ;;
     data)
       stamp "chat JSONL benchmark: ftd packed, ftd padded, HF + its data collator"
@@ -203,7 +204,8 @@ for stage in "${stages[@]}"; do
     lora-ac)
       stamp "LoRA 4x2048 with activation checkpointing"
       python3 bench/lora_bench.py --worker "$build/worker/ftd-worker" --out "$out/lora-ac" --shapes 4x2048 \
-        --impls fused,fused+ac=selective,fused+ac=full,hf --mem-shapes "" ${LORA_ARGS:-} 2>&1 \
+        --impls fused,fused+ac=selective,fused+ac=full,fused+ac=selective+fcl=16,fused+ac=selective+fcl=18,hf \
+        --mem-shapes "" ${LORA_ARGS:-} 2>&1 \
         | tee "$out/lora_ac_bench.log" | grep -v "^{" ;;
     default)
       "$build/worker/ftd-worker" run --default --format text --set steps=${DEFAULT_STEPS:-10} 2>&1 \

@@ -127,8 +127,15 @@ PeakMemory PredictPeakMemory(const LlamaConfig& m, const TrainConfig& c, bool gp
       saved_per_layer = h * e;
       break;
   }
-  const double recomputed = c.activation_checkpointing == ActivationCheckpointing::kFull ? per_layer : 0;
-  p.activations = tokens * (layers * saved_per_layer + recomputed + norm_saved /* the final norm */);
+  // spec.full_checkpoint_layers: the first N layers keep their input only. They are rerun in
+  // backward after every later layer's activations are freed, so a rerun layer adds to the peak only
+  // when every layer is rerun (the last layer's rerun comes while all the inputs are still held).
+  const bool all_full = c.activation_checkpointing == ActivationCheckpointing::kFull ||
+                        static_cast<double>(c.full_checkpoint_layers) >= layers;
+  const double full_layers = all_full ? layers : static_cast<double>(c.full_checkpoint_layers);
+  const double recomputed = all_full ? per_layer : 0;
+  p.activations = tokens * (full_layers * h * e + (layers - full_layers) * saved_per_layer + recomputed +
+                            norm_saved /* the final norm */);
 
   // The loss head. A trained lm_head (full fine-tuning) adds its weight gradient.
   const double lm_grad = full ? vocab * h * e : 0;

@@ -176,6 +176,19 @@ absl::StatusOr<TrainConfig> ToTrainConfig(const ftd::v1::TrainSpec& s) {
     }
     c.activation_checkpointing = *a;
   }
+  if (s.has_full_checkpoint_layers()) {
+    if (s.full_checkpoint_layers() < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "spec.full_checkpoint_layers must be >= 0: how many of the first decoder layers are rerun in backward (got ",
+          s.full_checkpoint_layers(), ")"));
+    }
+    if (s.full_checkpoint_layers() > 0 && c.activation_checkpointing == ActivationCheckpointing::kFull) {
+      return absl::InvalidArgumentError(
+          "spec.full_checkpoint_layers applies with activation_checkpointing \"none\" or \"selective\" (\"full\" "
+          "already reruns every layer): drop one of the two");
+    }
+    c.full_checkpoint_layers = s.full_checkpoint_layers();
+  }
   if (s.has_expandable_segments()) c.expandable_segments = s.expandable_segments();
   if (s.profile().has_warmup_steps()) c.profile.warmup_steps = s.profile().warmup_steps();
   if (s.profile().has_steps()) c.profile.steps = s.profile().steps();

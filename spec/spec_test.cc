@@ -81,6 +81,25 @@ TEST(Spec, ActivationCheckpointingAllocatorAndFusedProjectionsReachTheConfig) {
   EXPECT_TRUE(on->kernel_tuning.fused_projections);
 }
 
+TEST(Spec, FullCheckpointLayersReachTheConfigWithNoneOrSelective) {
+  EXPECT_EQ(TrainConfig().full_checkpoint_layers, 0);
+  auto c = ToTrainConfig(
+      *ParseTrainSpecJson(R"({"activation_checkpointing": "selective", "full_checkpoint_layers": 16})"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->full_checkpoint_layers, 16);
+  EXPECT_EQ(c->activation_checkpointing, ActivationCheckpointing::kSelective);
+  EXPECT_TRUE(ToTrainConfig(*ParseTrainSpecJson(R"({"full_checkpoint_layers": 40})")).ok());  // all layers
+  EXPECT_EQ(ToTrainConfig(*ParseTrainSpecJson(R"({"full_checkpoint_layers": -1})")).status().message(),
+            "spec.full_checkpoint_layers must be >= 0: how many of the first decoder layers are rerun in backward "
+            "(got -1)");
+  EXPECT_EQ(
+      ToTrainConfig(*ParseTrainSpecJson(R"({"activation_checkpointing": "full", "full_checkpoint_layers": 4})"))
+          .status()
+          .message(),
+      "spec.full_checkpoint_layers applies with activation_checkpointing \"none\" or \"selective\" (\"full\" already "
+      "reruns every layer): drop one of the two");
+}
+
 TEST(Spec, KernelTuningReachesTheConfigAndIsBounded) {
   auto c = ToTrainConfig(*ParseTrainSpecJson(R"({"kernel_tuning": {"linear_cross_entropy_chunk_rows": 512}})"));
   ASSERT_TRUE(c.ok()) << c.status();

@@ -178,6 +178,7 @@ struct TrainConfig {
   std::map<std::string, KernelSet> kernels;  // per-op overrides: op name -> eager | fused (| fp8 for matmul)
   KernelTuning kernel_tuning;
   ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::kNone;
+  int32_t full_checkpoint_layers = 0;  // layers: the first N fully checkpointed, the rest as above
   bool expandable_segments = false;  // the CUDA caching allocator's expandable segments
   std::optional<double> peak_flops;  // FLOP/s; unset: looked up from the device name
   ProfileConfig profile;

@@ -177,7 +177,8 @@ def test_activation_checkpointing_keeps_the_losses_and_lowers_the_peak(tmp_path,
     kernels on the same values, so 20 steps give the losses of `none` within 5e-3 relative (attention's
     backward may accumulate in another order; lr 3e-3 moves the loss by ~2e-2 a step, so a wrong
     gradient shows), at a lower peak allocated memory (16 x 256 tokens: activations outweigh the tiny
-    model)."""
+    model); so do the first two layers rerun and the others selective (spec.full_checkpoint_layers),
+    with a peak between full's and selective's."""
     base = {"model": {"preset": "tiny"}, "steps": 20, "batch_size": 16, "seq_len": 256, "optimizer": {"lr": 3e-3},
             "device": "cuda", "dtype": "bf16", "kernel_set": "fused"}
     if lora:
@@ -186,8 +187,14 @@ def test_activation_checkpointing_keeps_the_losses_and_lowers_the_peak(tmp_path,
     for mode in ("selective", "full"):
         for a, b in zip(runs["none"], runs[mode]):
             assert abs(a["loss"] - b["loss"]) <= 5e-3 * abs(a["loss"]), (mode, a["step"], a["loss"], b["loss"])
+    # spec.full_checkpoint_layers: the first 2 of the 4 layers rerun, the others selective
+    _, runs["selective+2"], result, _ = run_worker(dict(base, activation_checkpointing="selective",
+                                                        full_checkpoint_layers=2), tmp_path)
+    assert result["outcome"] == "SUCCEEDED", result
+    for a, b in zip(runs["none"], runs["selective+2"]):
+        assert abs(a["loss"] - b["loss"]) <= 5e-3 * abs(a["loss"]), ("selective+2", a["step"], a["loss"], b["loss"])
     peak = {m: max(s["peak_mem_allocated_bytes"] for s in runs[m]) for m in runs}
-    assert peak["full"] < peak["selective"] < peak["none"], peak
+    assert peak["full"] < peak["selective+2"] < peak["selective"] < peak["none"], peak
 
 
 def test_expandable_segments_reach_the_allocator(tmp_path):

@@ -235,3 +235,22 @@ def test_activation_checkpointing_gives_the_losses_of_none(tmp_path):
             assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-6), (mode, a["step"])
     code, _, result, _ = run_worker(dict(base, activation_checkpointing="some"), tmp_path, check=False)
     assert code == 2 and result["message"].startswith("spec.activation_checkpointing must be")
+
+
+def test_full_checkpoint_layers_give_the_losses_of_none(tmp_path):
+    """spec.full_checkpoint_layers on the CPU (fp32, eager set, LoRA with dropout, the tiny model's four
+    layers): the first 1 or 3 layers rerun in backward and the others saving what `none` or `selective`
+    saves, and every layer rerun (6 >= 4), report the losses and gradient norms of `none` over 4 steps."""
+    base = {"model": {"preset": "tiny"}, "steps": 4, "batch_size": 4, "seq_len": 32, "optimizer": {"lr": 3e-3},
+            "device": "cpu", "lora": {"rank": 4, "dropout": 0.1}, "kernels": {"lora": "eager"}}
+    ref = run_modes(base, tmp_path, "activation_checkpointing", ("none",))["none"]
+    for mode in ("none", "selective"):
+        runs = run_modes(dict(base, activation_checkpointing=mode), tmp_path, "full_checkpoint_layers", (1, 3, 6))
+        for n, steps in runs.items():
+            assert len(steps) == len(ref) == 4
+            for a, b in zip(ref, steps):
+                assert b["loss"] == pytest.approx(a["loss"], rel=1e-6), (mode, n, a["step"])
+                assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-6), (mode, n, a["step"])
+    code, _, result, _ = run_worker(dict(base, activation_checkpointing="full", full_checkpoint_layers=1), tmp_path,
+                                    check=False)
+    assert code == 2 and result["message"].startswith("spec.full_checkpoint_layers applies with")

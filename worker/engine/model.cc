@@ -420,14 +420,13 @@ std::vector<torch::Tensor> LlamaModel::ProjectShared(const torch::Tensor& x, con
   return out;
 }
 
-torch::Tensor LlamaModel::DecoderLayer(const Layer& L, const torch::Tensor& x_in, bool train,
+torch::Tensor LlamaModel::DecoderLayer(const Layer& L, const torch::Tensor& x_in, bool train, bool selective,
                                        const PackedLayout& layout) {
   const auto& c = config_;
   const int64_t B = x_in.size(0), T = x_in.size(1);
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
   // Selective checkpointing: the norms' outputs and the SwiGLU product are recomputed in backward
   // from what their ops save anyway (the norm's input, gate and up).
-  const bool selective = train && activation_checkpointing_ == spec::ActivationCheckpointing::kSelective;
   using spec::LoraTarget;
   auto lora = [&](LoraTarget t) -> const LoraAdapter& { return L.lora[static_cast<size_t>(t)]; };
   auto x = x_in;
@@ -463,11 +462,14 @@ torch::Tensor LlamaModel::DecoderLayer(const Layer& L, const torch::Tensor& x_in
 
 torch::Tensor LlamaModel::Hidden(const torch::Tensor& ids, bool train, const PackedLayout& layout) {
   auto x = torch::embedding(embed_, ids);
-  const bool full = train && activation_checkpointing_ == spec::ActivationCheckpointing::kFull &&
-                    at::GradMode::is_enabled();
-  for (const auto& L : layers_) {
+  const bool grad = train && at::GradMode::is_enabled();
+  const bool selective = train && activation_checkpointing_ == spec::ActivationCheckpointing::kSelective;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const Layer& L = layers_[i];
+    const bool full = grad && (activation_checkpointing_ == spec::ActivationCheckpointing::kFull ||
+                               static_cast<int64_t>(i) < full_checkpoint_layers_);
     if (!full) {
-      x = DecoderLayer(L, x, train, layout);
+      x = DecoderLayer(L, x, train, selective, layout);
       continue;
     }
     // Full checkpointing: only the layer's input is kept; backward reruns the layer (its LoRA
@@ -483,7 +485,8 @@ torch::Tensor LlamaModel::Hidden(const torch::Tensor& ids, bool train, const Pac
       }
     }
     x = Checkpointed(
-        x, params, [this, &L, train, layout](const torch::Tensor& in) { return DecoderLayer(L, in, train, layout); },
+        x, params,
+        [this, &L, train, layout](const torch::Tensor& in) { return DecoderLayer(L, in, train, false, layout); },
         /*preserve_rng=*/lora_.enabled && lora_.dropout > 0);
   }
   return Norm(x, final_norm_);

@@ -85,8 +85,12 @@ class LlamaModel {
   // call before LoadWeights, EnableLora and the optimizer, which hold the parameters.
   void SetKernels(const KernelChoice& k, const spec::KernelTuning& tuning = {});
   const KernelChoice& kernels() const { return kernels_; }
-  // What each decoder layer keeps for backward (spec.activation_checkpointing); default none.
-  void SetActivationCheckpointing(spec::ActivationCheckpointing a) { activation_checkpointing_ = a; }
+  // What each decoder layer keeps for backward (spec.activation_checkpointing); default none. The
+  // first full_layers layers are fully checkpointed whatever `a` says (spec.full_checkpoint_layers).
+  void SetActivationCheckpointing(spec::ActivationCheckpointing a, int32_t full_layers = 0) {
+    activation_checkpointing_ = a;
+    full_checkpoint_layers_ = full_layers;
+  }
   // The weights changed in place (an optimizer step, a checkpoint load): FP8 copies are made again.
   void WeightsChanged() { fp8_weights_.Invalidate(); }
 
@@ -109,7 +113,9 @@ class LlamaModel {
   torch::Tensor CrossEntropySum(const torch::Tensor& logits, const torch::Tensor& flat_labels) const;
   torch::Tensor Hidden(const torch::Tensor& ids, bool train, const PackedLayout& layout);
   // One decoder layer: x [B, T, hidden] -> the residual stream after it.
-  torch::Tensor DecoderLayer(const Layer& L, const torch::Tensor& x, bool train, const PackedLayout& layout);
+  // selective: free the norms' outputs and the SwiGLU product, recomputed in backward.
+  torch::Tensor DecoderLayer(const Layer& L, const torch::Tensor& x, bool train, bool selective,
+                             const PackedLayout& layout);
   // x W^T for one of a layer's projections, plus its adapter's term with LoRA.
   torch::Tensor Project(const torch::Tensor& x, const torch::Tensor& w, const LoraAdapter& ad, bool train) const;
   // Several projections of one input (q/k/v, gate/up): with the fused lora op, every adapted one in
@@ -139,6 +145,7 @@ class LlamaModel {
   KernelChoice kernels_;
   spec::KernelTuning tuning_;
   spec::ActivationCheckpointing activation_checkpointing_ = spec::ActivationCheckpointing::kNone;
+  int32_t full_checkpoint_layers_ = 0;
   bool fused_projections_ = false;  // FuseProjectionWeights ran
   mutable fp8::WeightCache fp8_weights_;  // the projections' E4M3 copies (kernels.matmul fp8)
   spec::LoraConfig lora_;  // enabled: LoRA

@@ -201,7 +201,7 @@ bool TrainingRun::Setup() {
   model_ = *std::move(model_or);
   LlamaModel& model = *model_;
   model.SetKernels(kernels_, cfg_.kernel_tuning);
-  model.SetActivationCheckpointing(cfg_.activation_checkpointing);
+  model.SetActivationCheckpointing(cfg_.activation_checkpointing, cfg_.full_checkpoint_layers);
   if (!cfg_.model.weights_path.empty()) {
     ProgressMeter meter(hooks_.on_progress, ProgressPhase::kLoadWeights, 0);
     if (auto s = model.LoadWeights(cfg_.model.weights_path, &meter); !s.ok()) {
