@@ -107,6 +107,32 @@ __device__ __forceinline__ void LoadWeights(const T* w, int nc, float (&wf)[K][W
   }
 }
 
+// This thread's chunks of a row: chunk k is the row's chunk tid + k * nt, zeros past the end of the row.
+template <typename T, int W, int K>
+__device__ __forceinline__ void LoadRow(const T* row, int tid, int nt, int nc, Chunk<T, W> (&v)[K]) {
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int c = tid + k * nt;
+    v[k] = c < nc ? LoadChunk<T, W>(row + static_cast<int64_t>(c) * W) : ZeroChunk<T, W>();
+  }
+}
+
+// Writes this thread's chunks of a row (those inside it): element i of chunk k is value(k, i), rounded
+// to T once.
+template <typename T, int W, int K, typename F>
+__device__ __forceinline__ void StoreRow(T* row, int tid, int nt, int nc, F&& value) {
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int c = tid + k * nt;
+    if (c < nc) {
+      Chunk<T, W> o;
+#pragma unroll
+      for (int i = 0; i < W; ++i) o.v[i] = FromFloat<T>(value(k, i));
+      StoreChunk<T, W>(row + static_cast<int64_t>(c) * W, o);
+    }
+  }
+}
+
 // Sum over the block of every thread's `v` (same value, bitwise, in every thread: every warp runs the
 // same butterfly over the same per-warp sums). `scratch` holds kPipeThreads / 32 floats; callers
 // alternate between two of them, so one barrier per call suffices: a buffer is written again only after
@@ -142,11 +168,10 @@ __global__ void __launch_bounds__(kPipeThreads, 2)
     const T* xs = ring.Row(0);
     ring.Wait();
     Chunk<T, W> xv[K];
+    LoadRow<T, W, K>(xs, tid, nt, nc, xv);
     float ss = 0.f;
 #pragma unroll
     for (int k = 0; k < K; ++k) {
-      const int c = tid + k * nt;
-      xv[k] = c < nc ? LoadChunk<T, W>(xs + c * W) : ZeroChunk<T, W>();
 #pragma unroll
       for (int i = 0; i < W; ++i) {
         const float f = ToFloat(xv[k].v[i]);
@@ -158,17 +183,7 @@ __global__ void __launch_bounds__(kPipeThreads, 2)
     if (tid == 0 && j + stages < count) ring.Refill(row + stages * step);
     const float r = rsqrtf(ss * inv_n + eps);
     if (tid == 0) rstd[row] = r;
-    T* yr = y + row * n;
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const int c = tid + k * nt;
-      if (c < nc) {
-        Chunk<T, W> o;
-#pragma unroll
-        for (int i = 0; i < W; ++i) o.v[i] = FromFloat<T>(ToFloat(xv[k].v[i]) * r * wf[k][i]);
-        StoreChunk<T, W>(yr + static_cast<int64_t>(c) * W, o);
-      }
-    }
+    StoreRow<T, W, K>(y + row * n, tid, nt, nc, [&](int k, int i) { return ToFloat(xv[k].v[i]) * r * wf[k][i]; });
     ring.Next();
   }
   LaunchDependents();
@@ -208,12 +223,11 @@ __global__ void __launch_bounds__(kPipeThreads, K == 1 ? 2 : 1)
     const T* xs = ring.Row(1);
     ring.Wait();
     Chunk<T, W> dyv[K], xv[K];
+    LoadRow<T, W, K>(dys, tid, nt, nc, dyv);
+    LoadRow<T, W, K>(xs, tid, nt, nc, xv);
     float dot = 0.f;  // sum of g * x over the row
 #pragma unroll
     for (int k = 0; k < K; ++k) {
-      const int c = tid + k * nt;
-      dyv[k] = c < nc ? LoadChunk<T, W>(dys + c * W) : ZeroChunk<T, W>();
-      xv[k] = c < nc ? LoadChunk<T, W>(xs + c * W) : ZeroChunk<T, W>();
 #pragma unroll
       for (int i = 0; i < W; ++i) dot += ToFloat(dyv[k].v[i]) * wf[k][i] * ToFloat(xv[k].v[i]);
     }
@@ -221,22 +235,13 @@ __global__ void __launch_bounds__(kPipeThreads, K == 1 ? 2 : 1)
     // Every thread holds its values of the stage: refill it.
     if (tid == 0 && j + stages < count) ring.Refill(row + stages * step);
     const float mean_gxhat = dot * r * inv_n;  // mean(g * xhat)
-    T* dxr = dx + row * n;
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const int c = tid + k * nt;
-      if (c < nc) {
-        Chunk<T, W> o;
-#pragma unroll
-        for (int i = 0; i < W; ++i) {
-          const float d = ToFloat(dyv[k].v[i]);
-          const float xh = ToFloat(xv[k].v[i]) * r;
-          o.v[i] = FromFloat<T>(r * (d * wf[k][i] - xh * mean_gxhat));
-          acc[k][i] += d * xh;
-        }
-        StoreChunk<T, W>(dxr + static_cast<int64_t>(c) * W, o);
-      }
-    }
+    // dw's share of this thread accumulates as its chunks of dx are written.
+    StoreRow<T, W, K>(dx + row * n, tid, nt, nc, [&](int k, int i) {
+      const float d = ToFloat(dyv[k].v[i]);
+      const float xh = ToFloat(xv[k].v[i]) * r;
+      acc[k][i] += d * xh;
+      return r * (d * wf[k][i] - xh * mean_gxhat);
+    });
     ring.Next();
   }
   LaunchDependents();

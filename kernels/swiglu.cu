@@ -56,90 +56,78 @@ __device__ __forceinline__ Vec<T> ZeroVec() {
   return v;
 }
 
+// The math of one element, in fp32: kIn inputs to kOut outputs.
+struct FwdOp {  // (gate, up) -> out
+  static constexpr int kIn = 2, kOut = 1;
+  __device__ __forceinline__ void operator()(const float (&x)[kIn], float (&y)[kOut]) const {
+    y[0] = FwdMath(x[0], x[1]);
+  }
+};
+struct BwdOp {  // (dout, gate, up) -> (dgate, dup)
+  static constexpr int kIn = 3, kOut = 2;
+  __device__ __forceinline__ void operator()(const float (&x)[kIn], float (&y)[kOut]) const {
+    BwdMath(x[0], x[1], x[2], y[0], y[1]);
+  }
+};
+
+// A kernel argument: N pointers.
+template <typename P, int N>
+struct Ptrs {
+  P* p[N];
+};
+
+// Element e of every input through Op to element e of every output (reads first: outputs may alias inputs).
+template <typename T, typename Op>
+__device__ __forceinline__ void ApplyOne(const Ptrs<const T, Op::kIn>& in, const Ptrs<T, Op::kOut>& out, int64_t e) {
+  float x[Op::kIn], y[Op::kOut];
+#pragma unroll
+  for (int a = 0; a < Op::kIn; ++a) x[a] = ToFloat(in.p[a][e]);
+  Op()(x, y);
+#pragma unroll
+  for (int b = 0; b < Op::kOut; ++b) out.p[b][e] = FromFloat<T>(y[b]);
+}
+
 // Vector path over vectors [0, nvec); the tail elements [nvec * V, n) (fewer than V) are done by the first
 // threads of block 0, one element each.
-template <typename T>
-__global__ void __launch_bounds__(kThreads) SwiGluFwdVec(const T* gate, const T* up, T* out, int64_t nvec, int64_t n) {
-  constexpr int V = kVec<T>;
-  const int64_t base = static_cast<int64_t>(blockIdx.x) * kThreads * kUnroll + threadIdx.x;
-  Vec<T> g[kUnroll], u[kUnroll];
-#pragma unroll
-  for (int k = 0; k < kUnroll; ++k) {
-    const int64_t i = base + k * kThreads;
-    g[k] = i < nvec ? LoadVec(gate + i * V) : ZeroVec<T>();
-    u[k] = i < nvec ? LoadVec(up + i * V) : ZeroVec<T>();
-  }
-#pragma unroll
-  for (int k = 0; k < kUnroll; ++k) {
-    const int64_t i = base + k * kThreads;
-    if (i < nvec) {
-      Vec<T> o;
-#pragma unroll
-      for (int j = 0; j < V; ++j) o.v[j] = FromFloat<T>(FwdMath(ToFloat(g[k].v[j]), ToFloat(u[k].v[j])));
-      StoreVec(out + i * V, o);
-    }
-  }
-  if (blockIdx.x == 0 && threadIdx.x < n - nvec * V) {
-    const int64_t e = nvec * V + threadIdx.x;
-    out[e] = FromFloat<T>(FwdMath(ToFloat(gate[e]), ToFloat(up[e])));
-  }
-}
-
-template <typename T>
-__global__ void __launch_bounds__(kThreads) SwiGluFwdScalar(const T* gate, const T* up, T* out, int64_t n) {
-  for (int64_t e = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; e < n;
-       e += static_cast<int64_t>(gridDim.x) * kThreads) {
-    out[e] = FromFloat<T>(FwdMath(ToFloat(gate[e]), ToFloat(up[e])));
-  }
-}
-
-template <typename T>
+template <typename T, typename Op>
 __global__ void __launch_bounds__(kThreads)
-    SwiGluBwdVec(const T* dout, const T* gate, const T* up, T* dgate, T* dup, int64_t nvec, int64_t n) {
+    SwiGluVec(Ptrs<const T, Op::kIn> in, Ptrs<T, Op::kOut> out, int64_t nvec, int64_t n) {
   constexpr int V = kVec<T>;
   const int64_t base = static_cast<int64_t>(blockIdx.x) * kThreads * kUnroll + threadIdx.x;
-  Vec<T> d[kUnroll], g[kUnroll], u[kUnroll];
+  Vec<T> x[kUnroll][Op::kIn];
 #pragma unroll
   for (int k = 0; k < kUnroll; ++k) {
     const int64_t i = base + k * kThreads;
-    d[k] = i < nvec ? LoadVec(dout + i * V) : ZeroVec<T>();
-    g[k] = i < nvec ? LoadVec(gate + i * V) : ZeroVec<T>();
-    u[k] = i < nvec ? LoadVec(up + i * V) : ZeroVec<T>();
+#pragma unroll
+    for (int a = 0; a < Op::kIn; ++a) x[k][a] = i < nvec ? LoadVec(in.p[a] + i * V) : ZeroVec<T>();
   }
 #pragma unroll
   for (int k = 0; k < kUnroll; ++k) {
     const int64_t i = base + k * kThreads;
     if (i < nvec) {
-      Vec<T> og, ou;
+      Vec<T> o[Op::kOut];
 #pragma unroll
       for (int j = 0; j < V; ++j) {
-        float dg, du;
-        BwdMath(ToFloat(d[k].v[j]), ToFloat(g[k].v[j]), ToFloat(u[k].v[j]), dg, du);
-        og.v[j] = FromFloat<T>(dg);
-        ou.v[j] = FromFloat<T>(du);
+        float xs[Op::kIn], ys[Op::kOut];
+#pragma unroll
+        for (int a = 0; a < Op::kIn; ++a) xs[a] = ToFloat(x[k][a].v[j]);
+        Op()(xs, ys);
+#pragma unroll
+        for (int b = 0; b < Op::kOut; ++b) o[b].v[j] = FromFloat<T>(ys[b]);
       }
-      StoreVec(dgate + i * V, og);
-      StoreVec(dup + i * V, ou);
+#pragma unroll
+      for (int b = 0; b < Op::kOut; ++b) StoreVec(out.p[b] + i * V, o[b]);
     }
   }
-  if (blockIdx.x == 0 && threadIdx.x < n - nvec * V) {
-    const int64_t e = nvec * V + threadIdx.x;
-    float dg, du;
-    BwdMath(ToFloat(dout[e]), ToFloat(gate[e]), ToFloat(up[e]), dg, du);
-    dgate[e] = FromFloat<T>(dg);
-    dup[e] = FromFloat<T>(du);
-  }
+  if (blockIdx.x == 0 && threadIdx.x < n - nvec * V) ApplyOne<T, Op>(in, out, nvec * V + threadIdx.x);
 }
 
-template <typename T>
-__global__ void __launch_bounds__(kThreads)
-    SwiGluBwdScalar(const T* dout, const T* gate, const T* up, T* dgate, T* dup, int64_t n) {
+// Scalar path (an unaligned view): one element per thread, grid-stride.
+template <typename T, typename Op>
+__global__ void __launch_bounds__(kThreads) SwiGluScalar(Ptrs<const T, Op::kIn> in, Ptrs<T, Op::kOut> out, int64_t n) {
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; e < n;
        e += static_cast<int64_t>(gridDim.x) * kThreads) {
-    float dg, du;
-    BwdMath(ToFloat(dout[e]), ToFloat(gate[e]), ToFloat(up[e]), dg, du);
-    dgate[e] = FromFloat<T>(dg);
-    dup[e] = FromFloat<T>(du);
+    ApplyOne<T, Op>(in, out, e);
   }
 }
 
@@ -148,30 +136,29 @@ unsigned VecGrid(int64_t nvec) {
 }
 unsigned ScalarGrid(int64_t n) { return static_cast<unsigned>(std::min<int64_t>(CeilDiv(n, kThreads), INT_MAX)); }
 
-template <typename T>
-cudaError_t Forward(const T* gate, const T* up, T* out, int64_t n, cudaStream_t stream) {
-  constexpr int V = kVec<T>;
-  const int64_t nvec = n / V;
-  if (detail::Aligned16(gate) && detail::Aligned16(up) && detail::Aligned16(out) &&
-      CeilDiv(nvec, kThreads * kUnroll) <= INT_MAX) {
-    SwiGluFwdVec<T><<<VecGrid(nvec), kThreads, 0, stream>>>(gate, up, out, nvec, n);
+// Vector path when every pointer is 16-byte aligned (and the grid fits), else scalar.
+template <typename T, typename Op>
+cudaError_t Launch(Ptrs<const T, Op::kIn> in, Ptrs<T, Op::kOut> out, int64_t n, cudaStream_t stream) {
+  const int64_t nvec = n / kVec<T>;
+  bool aligned = CeilDiv(nvec, kThreads * kUnroll) <= INT_MAX;
+  for (const T* p : in.p) aligned = aligned && detail::Aligned16(p);
+  for (const T* p : out.p) aligned = aligned && detail::Aligned16(p);
+  if (aligned) {
+    SwiGluVec<T, Op><<<VecGrid(nvec), kThreads, 0, stream>>>(in, out, nvec, n);
   } else {
-    SwiGluFwdScalar<T><<<ScalarGrid(n), kThreads, 0, stream>>>(gate, up, out, n);
+    SwiGluScalar<T, Op><<<ScalarGrid(n), kThreads, 0, stream>>>(in, out, n);
   }
   return cudaGetLastError();
 }
 
 template <typename T>
+cudaError_t Forward(const T* gate, const T* up, T* out, int64_t n, cudaStream_t stream) {
+  return Launch<T, FwdOp>({{gate, up}}, {{out}}, n, stream);
+}
+
+template <typename T>
 cudaError_t Backward(const T* dout, const T* gate, const T* up, T* dgate, T* dup, int64_t n, cudaStream_t stream) {
-  constexpr int V = kVec<T>;
-  const int64_t nvec = n / V;
-  if (detail::Aligned16(dout) && detail::Aligned16(gate) && detail::Aligned16(up) && detail::Aligned16(dgate) &&
-      detail::Aligned16(dup) && CeilDiv(nvec, kThreads * kUnroll) <= INT_MAX) {
-    SwiGluBwdVec<T><<<VecGrid(nvec), kThreads, 0, stream>>>(dout, gate, up, dgate, dup, nvec, n);
-  } else {
-    SwiGluBwdScalar<T><<<ScalarGrid(n), kThreads, 0, stream>>>(dout, gate, up, dgate, dup, n);
-  }
-  return cudaGetLastError();
+  return Launch<T, BwdOp>({{dout, gate, up}}, {{dgate, dup}}, n, stream);
 }
 
 // One V-element chunk of a row; V = 1: a scalar.
