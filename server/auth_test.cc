@@ -10,18 +10,14 @@
 #include "server/auth_store.h"
 #include "server/authz.h"
 #include "server/listen_config.h"
+#include "server/testing/fake_clock.h"
 
 namespace ftd::server {
 namespace {
 
 namespace fs = std::filesystem;
 
-class FakeClock final : public Clock {
- public:
-  int64_t UnixMs() const override { return now; }
-  int64_t SteadyMs() const override { return now; }
-  int64_t now = 1'700'000'000'000;
-};
+using testing::FakeClock;
 
 Identity Who(const std::string& user, ftd::v1::Role role) {
   Identity i;
@@ -97,7 +93,7 @@ class AuthStoreTest : public ::testing::Test {
     ftd::v1::CreateTokenRequest r;
     r.set_user(user);
     r.set_ttl_seconds(ttl_s);
-    auto c = store_->CreateToken(r, "root", clock_.now);
+    auto c = store_->CreateToken(r, "root", clock_.unix_ms);
     EXPECT_TRUE(c.ok()) << c.status();
     return *c;
   }
@@ -125,26 +121,26 @@ TEST_F(AuthStoreTest, OnlyTheHashIsStoredAndTheFileIsPrivate) {
 
 TEST_F(AuthStoreTest, VerifyAcceptsTheTokenAndRefusesForgedRevokedAndExpiredOnes) {
   const auto c = Make("ana", 60);
-  auto t = store_->Verify(c.bearer, clock_.now);
+  auto t = store_->Verify(c.bearer, clock_.unix_ms);
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ(t->user(), "ana");
   EXPECT_EQ(t->role(), ftd::v1::ROLE_USER);
   std::string forged = c.bearer;
   forged.back() = forged.back() == '0' ? '1' : '0';
   for (const std::string& bad : {forged, std::string("ftd_x_y"), std::string("hunter2"), std::string("")}) {
-    auto v = store_->Verify(bad, clock_.now);
+    auto v = store_->Verify(bad, clock_.unix_ms);
     EXPECT_EQ(v.status().code(), absl::StatusCode::kUnauthenticated) << bad;
     if (!bad.empty()) {
       EXPECT_EQ(v.status().message().find(bad), std::string::npos);
     }
   }
-  EXPECT_EQ(store_->Verify(c.bearer, clock_.now + 60'000).status().code(), absl::StatusCode::kUnauthenticated);
-  ASSERT_TRUE(store_->RevokeToken(c.token.id(), clock_.now).ok());
-  auto r = store_->Verify(c.bearer, clock_.now);
+  EXPECT_EQ(store_->Verify(c.bearer, clock_.unix_ms + 60'000).status().code(), absl::StatusCode::kUnauthenticated);
+  ASSERT_TRUE(store_->RevokeToken(c.token.id(), clock_.unix_ms).ok());
+  auto r = store_->Verify(c.bearer, clock_.unix_ms);
   EXPECT_NE(r.status().message().find("revoked"), std::string::npos) << r.status();
-  EXPECT_EQ(store_->RevokeToken("nope", clock_.now).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(store_->ListTokens("", false, clock_.now)->size(), 0u);
-  EXPECT_EQ(store_->ListTokens("", true, clock_.now)->size(), 1u);
+  EXPECT_EQ(store_->RevokeToken("nope", clock_.unix_ms).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store_->ListTokens("", false, clock_.unix_ms)->size(), 0u);
+  EXPECT_EQ(store_->ListTokens("", true, clock_.unix_ms)->size(), 1u);
 }
 
 TEST_F(AuthStoreTest, BadRequestsNameTheField) {

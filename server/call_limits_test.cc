@@ -6,15 +6,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "server/testing/fake_clock.h"
 
 namespace ftd::server {
 namespace {
 
-struct TestClock final : Clock {
-  int64_t UnixMs() const override { return now; }
-  int64_t SteadyMs() const override { return now; }
-  int64_t now = 5'000;
-};
+using testing::FakeClock;
 
 CallLimitsConfig Small() {
   CallLimitsConfig c;
@@ -28,7 +25,7 @@ CallLimitsConfig Small() {
 }
 
 TEST(CallLimiter, UserRateIsATokenBucket) {
-  TestClock clock;
+  FakeClock clock;
   CallLimiter l(Small(), &clock);
   for (int i = 0; i < 4; ++i) ASSERT_TRUE(l.Admit("bob", "c1", false).ok()) << i;  // the burst
   auto over = l.Admit("bob", "c2", false);  // another connection: the same user's bucket
@@ -37,18 +34,18 @@ TEST(CallLimiter, UserRateIsATokenBucket) {
             "user bob is over the call rate limit of 2 calls per second (bursts of 4; --max-calls-per-s-per-user); "
             "retry after a short pause");
   EXPECT_TRUE(l.Admit("alice", "c3", false).ok()) << "another user is not held back";
-  clock.now += 499;
+  clock.Advance(499);
   EXPECT_FALSE(l.Admit("bob", "c1", false).ok()) << "one token takes 500 ms at 2/s";
-  clock.now += 1;
+  clock.Advance(1);
   EXPECT_TRUE(l.Admit("bob", "c1", false).ok());
   EXPECT_FALSE(l.Admit("bob", "c1", false).ok());
-  clock.now += 60'000;  // refills to the burst, no further
+  clock.Advance(60'000);  // refills to the burst, no further
   for (int i = 0; i < 4; ++i) EXPECT_TRUE(l.Admit("bob", "c1", false).ok()) << i;
   EXPECT_FALSE(l.Admit("bob", "c1", false).ok());
 }
 
 TEST(CallLimiter, ConnectionRateAndARefusedCallCostsNothing) {
-  TestClock clock;
+  FakeClock clock;
   CallLimitsConfig cfg = Small();
   cfg.user_rate = 0;  // off
   cfg.connection_rate = 1;
@@ -62,13 +59,13 @@ TEST(CallLimiter, ConnectionRateAndARefusedCallCostsNothing) {
   EXPECT_TRUE(l.Admit("bob", "c2", false).ok()) << "another connection has its own bucket";
   // Refusals draw nothing: after 1 s exactly one call passes however many were refused before.
   for (int i = 0; i < 10; ++i) EXPECT_FALSE(l.Admit("bob", "c1", false).ok());
-  clock.now += 1000;
+  clock.Advance(1000);
   EXPECT_TRUE(l.Admit("bob", "c1", false).ok());
   EXPECT_FALSE(l.Admit("bob", "c1", false).ok());
 }
 
 TEST(CallLimiter, StreamsPerConnectionAndPerUserAreHeldUntilTheLeaseEnds) {
-  TestClock clock;
+  FakeClock clock;
   CallLimitsConfig cfg = Small();
   cfg.user_rate = cfg.connection_rate = 0;
   CallLimiter l(cfg, &clock);
@@ -95,7 +92,7 @@ TEST(CallLimiter, StreamsPerConnectionAndPerUserAreHeldUntilTheLeaseEnds) {
 }
 
 TEST(CallLimiter, IdleConnectionsAreForgotten) {
-  TestClock clock;
+  FakeClock clock;
   CallLimitsConfig cfg = Small();
   cfg.user_rate = 0;
   CallLimiter l(cfg, &clock);
@@ -103,7 +100,7 @@ TEST(CallLimiter, IdleConnectionsAreForgotten) {
   for (int i = 0; i < 100; ++i) ASSERT_TRUE(l.Admit(absl::StrCat("u", i % 2), absl::StrCat("c", i), false).ok());
   held.emplace(std::move(*l.Admit("bob", "kept", true)));
   EXPECT_EQ(l.tracked(), 3u + 101u);
-  clock.now += 10'000;
+  clock.Advance(10'000);
   ASSERT_TRUE(l.Admit("carol", "new", false).ok());
   EXPECT_EQ(l.tracked(), 4u) << "bob and his open stream's connection, and carol's new call";
 }

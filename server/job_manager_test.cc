@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "absl/strings/ascii.h"
+#include "server/testing/fake_clock.h"
 #include "server/testing/full_disk.h"
 #include "server/request_limits.h"
 
@@ -30,17 +31,7 @@ using ftd::v1::Job;
 using ftd::v1::JobEvent;
 using ftd::v1::RunResult;
 
-class FakeClock final : public Clock {
- public:
-  int64_t UnixMs() const override { return unix_ms; }
-  int64_t SteadyMs() const override { return steady_ms; }
-  void Advance(int64_t ms) {
-    unix_ms += ms;
-    steady_ms += ms;
-  }
-  int64_t unix_ms = 1'700'000'000'000;
-  int64_t steady_ms = 5'000;
-};
+using testing::FakeClock;
 
 // Starts nothing: records what it was asked, hands out made-up pids, and lets the test end workers.
 class FakeLauncher final : public WorkerLauncher {
