@@ -1,15 +1,10 @@
 #include "worker/agent.h"
 
-#include <grpcpp/grpcpp.h>
-#include <unistd.h>
-
-#include <condition_variable>
 #include <functional>
 #include <iostream>
 #include <mutex>
-#include <thread>
 
-#include "ftd/v1/worker.grpc.pb.h"
+#include "proto/worker_link.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/fs_util.h"
 #include "spec/spec.h"
@@ -51,25 +46,12 @@ int RunFollowerRank(const AgentOptions& opts, const ftd::v1::TrainSpec& spec, st
 }  // namespace
 
 int RunAgent(const AgentOptions& opts, std::atomic<bool>* stop, const std::atomic<bool>* skip_checkpoint) {
-  auto channel = grpc::CreateChannel(opts.address, grpc::InsecureChannelCredentials());
-  auto stub = ftd::v1::WorkerService::NewStub(channel);
-  ftd::v1::WorkerHello hello;
-  hello.set_job_id(opts.job_id);
-  hello.set_attempt(opts.attempt);
-  hello.set_token(opts.token);
-  hello.set_pid(::getpid());
-  ftd::v1::Assignment assignment;
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    ctx.set_wait_for_ready(true);
-    auto st = stub->GetAssignment(&ctx, hello, &assignment);
-    if (!st.ok()) {
-      std::cerr << "ftd-worker agent: cannot get the assignment of " << opts.job_id << " from " << opts.address << ": "
-                << st.error_message() << std::endl;
-      return 1;
-    }
+  auto link = WorkerLink::Connect(opts.address, opts.job_id, opts.attempt, opts.token);
+  if (!link.ok()) {
+    std::cerr << "ftd-worker agent: " << link.status().message() << std::endl;
+    return 1;
   }
+  const ftd::v1::Assignment& assignment = (*link)->assignment();
   std::vector<ftd::engine::OpenRoot> roots;
   for (const std::string& r : assignment.writable_roots()) roots.push_back({r, true});
   for (const std::string& r : assignment.read_only_roots()) roots.push_back({r, false});
@@ -82,20 +64,12 @@ int RunAgent(const AgentOptions& opts, std::atomic<bool>* stop, const std::atomi
   if (checkpoints && !spec.checkpoint().has_dir()) spec.mutable_checkpoint()->set_dir(assignment.checkpoint_dir());
   if (opts.rank.rank > 0) return RunFollowerRank(opts, spec, stop, skip_checkpoint);
 
-  grpc::ClientContext ctx;
-  ftd::v1::WorkerAck ack;
-  auto writer = stub->Stream(&ctx, &ack);
-  std::mutex wmu;
-  auto send = [&](ftd::v1::WorkerMessage m) {
-    std::lock_guard<std::mutex> l(wmu);
-    *m.mutable_hello() = hello;
-    if (!writer->Write(m)) {
+  (*link)->Open();
+  auto send = [&, l = link->get()](const ftd::v1::WorkerMessage& m) {
+    if (!l->Send(m)) {
       if (!stop->exchange(true)) std::cerr << "ftd-worker agent: lost the daemon; stopping" << std::endl;
     }
   };
-  ftd::v1::WorkerMessage started;
-  started.set_started(true);
-  send(started);
 
   // What the training thread did last, and a count that moves with it: each beat sends it as
   // progress when it moved, else a plain heartbeat (the daemon's watchdog tells the two apart).
@@ -107,25 +81,17 @@ int RunAgent(const AgentOptions& opts, std::atomic<bool>* stop, const std::atomi
     set(progress);
     ++moves;
   };
-  std::mutex hb_mu;
-  std::condition_variable hb_cv;
-  bool done = false;
-  std::thread heartbeat([&] {
-    uint64_t sent_moves = 0;
-    std::unique_lock<std::mutex> l(hb_mu);
-    while (!hb_cv.wait_for(l, std::chrono::duration<double>(opts.heartbeat_s), [&] { return done; })) {
-      ftd::v1::WorkerMessage m;
-      {
-        std::lock_guard<std::mutex> pl(progress_mu);
-        if (moves != sent_moves) {
-          *m.mutable_progress() = progress;
-          sent_moves = moves;
-        } else {
-          m.set_heartbeat(true);
-        }
-      }
-      send(m);
+  uint64_t sent_moves = 0;  // the heartbeat thread's only
+  (*link)->StartHeartbeat(std::chrono::duration<double>(opts.heartbeat_s), [&] {
+    ftd::v1::WorkerMessage m;
+    std::lock_guard<std::mutex> pl(progress_mu);
+    if (moves != sent_moves) {
+      *m.mutable_progress() = progress;
+      sent_moves = moves;
+    } else {
+      m.set_heartbeat(true);
     }
+    return m;
   });
 
   const engine::RunSummary summary = ValidateAndTrain(spec, opts.rank, [&](spec::TrainConfig& config,
@@ -179,14 +145,7 @@ int RunAgent(const AgentOptions& opts, std::atomic<bool>* stop, const std::atomi
   ftd::v1::WorkerMessage result;
   *result.mutable_result() = ToRunResult(summary);
   send(result);
-  {
-    std::lock_guard<std::mutex> l(hb_mu);
-    done = true;
-  }
-  hb_cv.notify_all();
-  heartbeat.join();
-  writer->WritesDone();
-  (void)writer->Finish();
+  (*link)->Close();
   std::cerr << "ftd-worker agent: " << engine::OutcomeName(summary.outcome) << ": " << summary.message << std::endl;
   return spec::ExitCode(summary.outcome);
 }

@@ -20,24 +20,21 @@
 //
 // It prints "fake-worker: started unix_us=<t>" first thing and "fake-worker: step <n> sent
 // unix_us=<t>" right before each step report (to the job's worker.log), for latency measurements.
-#include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <iostream>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "ftd/v1/worker.grpc.pb.h"
+#include "proto/worker_link.h"
 #include "nlohmann/json.hpp"
 
 namespace {
@@ -82,20 +79,9 @@ int main(int argc, char** argv) {
   if (argc < 2 || std::string(argv[1]) != "agent" || address.empty() || job_id.empty()) {
     return Fail("usage: FTD_ATTEMPT_TOKEN=T ftd-fake-worker agent --address A --job J --attempt N");
   }
-  auto stub = ftd::v1::WorkerService::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  ftd::v1::WorkerHello hello;
-  hello.set_job_id(job_id);
-  hello.set_attempt(attempt);
-  hello.set_token(token);
-  hello.set_pid(::getpid());
-  ftd::v1::Assignment assignment;
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    ctx.set_wait_for_ready(true);
-    auto st = stub->GetAssignment(&ctx, hello, &assignment);
-    if (!st.ok()) return Fail("cannot get the assignment: " + st.error_message());
-  }
+  auto link = ftd::WorkerLink::Connect(address, job_id, attempt, token);
+  if (!link.ok()) return Fail(std::string(link.status().message()));
+  const ftd::v1::Assignment& assignment = (*link)->assignment();
 
   nlohmann::json scripts = nlohmann::json::object();
   if (const char* env = std::getenv("FTD_FAKE_WORKER_SCRIPT"); env != nullptr) {
@@ -115,28 +101,12 @@ int main(int argc, char** argv) {
     return Fail("no script for job \"" + assignment.name() + "\" and no FTD_FAKE_WORKER_REAL");
   }
 
-  grpc::ClientContext ctx;
-  ftd::v1::WorkerAck ack;
-  auto writer = stub->Stream(&ctx, &ack);
-  std::mutex wmu;
-  auto send = [&](ftd::v1::WorkerMessage m) {
-    std::lock_guard<std::mutex> l(wmu);
-    *m.mutable_hello() = hello;
-    return writer->Write(m);
-  };
-  ftd::v1::WorkerMessage started;
-  started.set_started(true);
-  send(started);
-  std::mutex hb_mu;
-  std::condition_variable hb_cv;
-  bool done = false;
-  std::thread heartbeat([&] {
-    std::unique_lock<std::mutex> l(hb_mu);
-    while (!hb_cv.wait_for(l, std::chrono::seconds(1), [&] { return done; })) {
-      ftd::v1::WorkerMessage m;
-      m.set_heartbeat(true);
-      send(m);
-    }
+  (*link)->Open();
+  auto send = [l = link->get()](const ftd::v1::WorkerMessage& m) { return l->Send(m); };
+  (*link)->StartHeartbeat(std::chrono::seconds(1), [] {
+    ftd::v1::WorkerMessage m;
+    m.set_heartbeat(true);
+    return m;
   });
 
   const int steps = script.value("steps", 0);
@@ -191,14 +161,7 @@ int main(int argc, char** argv) {
     m.mutable_result()->set_message(message);
     send(m);
   }
-  {
-    std::lock_guard<std::mutex> l(hb_mu);
-    done = true;
-  }
-  hb_cv.notify_all();
-  heartbeat.join();
-  writer->WritesDone();
-  (void)writer->Finish();
+  (*link)->Close();
   std::fflush(stdout);
   if (script.contains("signal")) {
     const int sig = script["signal"].get<int>();
