@@ -8,6 +8,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "spec/message_walk.h"
 
 namespace ftd::server {
 namespace {
@@ -40,57 +41,35 @@ absl::Status CheckString(const std::string& path, const std::string& v, size_t m
   return absl::OkStatus();
 }
 
-absl::Status CheckField(const Message& m, const FieldDescriptor* f, const std::string& path) {
-  const Reflection* r = m.GetReflection();
-  const bool map_entry_parent = f->is_map();
-  if (f->is_repeated()) {
-    const int n = r->FieldSize(m, f);
-    if (n > kMaxEntries) {
-      return absl::InvalidArgumentError(absl::StrCat(path, " must have at most ", kMaxEntries, " entries (got ", n, ")"));
-    }
-    for (int i = 0; i < n; ++i) {
-      const std::string item = map_entry_parent ? path : absl::StrCat(path, "[", i, "]");
-      if (f->cpp_type() == FieldDescriptor::CPPTYPE_STRING) {
-        std::string scratch;
-        if (auto st = CheckString(item, r->GetRepeatedStringReference(m, f, i, &scratch), MaxBytes(f)); !st.ok()) {
-          return st;
-        }
-      } else if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
-        // A map entry's key and value are named after the map ("spec.kernels"), not "spec.kernels.key".
-        const Message& sub = r->GetRepeatedMessage(m, f, i);
-        if (map_entry_parent) {
-          for (int k = 0; k < sub.GetDescriptor()->field_count(); ++k) {
-            const FieldDescriptor* kv = sub.GetDescriptor()->field(k);
-            if (kv->cpp_type() != FieldDescriptor::CPPTYPE_STRING) continue;
-            std::string scratch;
-            const std::string& s = sub.GetReflection()->GetStringReference(sub, kv, &scratch);
-            if (auto st = CheckString(absl::StrCat(path, " ", kv->name()), s, kMaxNameBytes); !st.ok()) return st;
-          }
-        } else if (auto st = CheckRequestStrings(sub, item + "."); !st.ok()) {
-          return st;
-        }
+// Strings (length, UTF-8) and the entries of repeated and map fields; bytes fields are not text.
+class StringLimits final : public spec::MessageVisitor {
+ public:
+  absl::StatusOr<bool> OnField(const Message& m, const FieldDescriptor* f, const std::string& path) override {
+    if (f->type() == FieldDescriptor::TYPE_BYTES) return false;
+    if (f->is_repeated()) {
+      const int n = m.GetReflection()->FieldSize(m, f);
+      if (n > kMaxEntries) {
+        return absl::InvalidArgumentError(absl::StrCat(path, " must have at most ", kMaxEntries, " entries (got ", n, ")"));
       }
     }
-    return absl::OkStatus();
+    return true;
   }
-  if (f->cpp_type() == FieldDescriptor::CPPTYPE_STRING) {
+  absl::Status OnValue(const Message& m, const FieldDescriptor* f, int i, const std::string& path) override {
+    if (f->cpp_type() != FieldDescriptor::CPPTYPE_STRING) return absl::OkStatus();
+    const Reflection* r = m.GetReflection();
     std::string scratch;
-    return CheckString(path, r->GetStringReference(m, f, &scratch), MaxBytes(f));
+    const std::string& v = i >= 0 ? r->GetRepeatedStringReference(m, f, i, &scratch) : r->GetStringReference(m, f, &scratch);
+    return CheckString(path, v, MaxBytes(f));
   }
-  if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) return CheckRequestStrings(r->GetMessage(m, f), path + ".");
-  return absl::OkStatus();
-}
+};
 
 }  // namespace
 
 absl::Status CheckRequestStrings(const Message& m, const std::string& prefix) {
-  std::vector<const FieldDescriptor*> fields;
-  m.GetReflection()->ListFields(m, &fields);  // the set ones only
-  for (const FieldDescriptor* f : fields) {
-    if (f->type() == FieldDescriptor::TYPE_BYTES) continue;
-    if (auto st = CheckField(m, f, prefix + f->name()); !st.ok()) return st;
-  }
-  return absl::OkStatus();
+  // The walk joins a path with "."; the prefix ends with one ("spec.") or is empty.
+  const std::string root = absl::EndsWith(prefix, ".") ? prefix.substr(0, prefix.size() - 1) : prefix;
+  StringLimits limits;
+  return spec::WalkMessage(m, root, limits);
 }
 
 std::string FindInvalidUtf8(const Descriptor* type, std::string_view wire) {

@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/unknown_field_set.h"
+#include "spec/message_walk.h"
 
 namespace ftd::spec {
 namespace {
@@ -16,10 +17,6 @@ using google::protobuf::FieldDescriptor;
 using google::protobuf::Message;
 using google::protobuf::Reflection;
 using google::protobuf::UnknownField;
-
-std::string Join(const std::string& path, const std::string& name) {
-  return path.empty() ? name : absl::StrCat(path, ".", name);
-}
 
 const char* WireTypeName(UnknownField::Type t) {
   switch (t) {
@@ -48,48 +45,38 @@ absl::Status KnownEnum(const std::string& field, const FieldDescriptor* f, int v
       absl::StrCat(field, " is ", v, ", not a ", e->name(), " value: use one of ", absl::StrJoin(names, ", ")));
 }
 
-absl::Status Check(const Message& m, const std::string& path) {
-  const Reflection* r = m.GetReflection();
-  const auto& unknown = r->GetUnknownFields(m);
-  if (!unknown.empty()) {
+class Checker final : public MessageVisitor {
+ public:
+  absl::Status OnMessage(const Message& m, const std::string& path) override {
+    const auto& unknown = m.GetReflection()->GetUnknownFields(m);
+    if (unknown.empty()) return absl::OkStatus();
     const UnknownField& u = unknown.field(0);
     return absl::InvalidArgumentError(absl::StrCat(
         path.empty() ? std::string(m.GetDescriptor()->name()) : path, " holds field number ", u.number(), " (",
         WireTypeName(u.type()), "), which this build of ftd does not know: a newer client's field or a corrupt "
         "message; drop the field or upgrade ftd"));
   }
-  std::vector<const FieldDescriptor*> fields;
-  r->ListFields(m, &fields);
-  for (const FieldDescriptor* f : fields) {
-    const std::string name = Join(path, std::string(f->name()));
-    const int n = f->is_repeated() ? r->FieldSize(m, f) : 1;
-    for (int i = 0; i < n; ++i) {
-      const std::string field = f->is_repeated() ? absl::StrCat(name, "[", i, "]") : name;
-      absl::Status st;
-      switch (f->cpp_type()) {
-        case FieldDescriptor::CPPTYPE_DOUBLE:
-          st = Finite(field, f->is_repeated() ? r->GetRepeatedDouble(m, f, i) : r->GetDouble(m, f));
-          break;
-        case FieldDescriptor::CPPTYPE_FLOAT:
-          st = Finite(field, f->is_repeated() ? r->GetRepeatedFloat(m, f, i) : r->GetFloat(m, f));
-          break;
-        case FieldDescriptor::CPPTYPE_ENUM:
-          st = KnownEnum(field, f, f->is_repeated() ? r->GetRepeatedEnumValue(m, f, i) : r->GetEnumValue(m, f));
-          break;
-        case FieldDescriptor::CPPTYPE_MESSAGE:
-          st = Check(f->is_repeated() ? r->GetRepeatedMessage(m, f, i) : r->GetMessage(m, f), field);
-          break;
-        default:
-          break;
-      }
-      if (!st.ok()) return st;
+  absl::Status OnValue(const Message& m, const FieldDescriptor* f, int i, const std::string& field) override {
+    const Reflection* r = m.GetReflection();
+    const bool rep = i >= 0;
+    switch (f->cpp_type()) {
+      case FieldDescriptor::CPPTYPE_DOUBLE:
+        return Finite(field, rep ? r->GetRepeatedDouble(m, f, i) : r->GetDouble(m, f));
+      case FieldDescriptor::CPPTYPE_FLOAT:
+        return Finite(field, rep ? r->GetRepeatedFloat(m, f, i) : r->GetFloat(m, f));
+      case FieldDescriptor::CPPTYPE_ENUM:
+        return KnownEnum(field, f, rep ? r->GetRepeatedEnumValue(m, f, i) : r->GetEnumValue(m, f));
+      default:
+        return absl::OkStatus();
     }
   }
-  return absl::OkStatus();
-}
+};
 
 }  // namespace
 
-absl::Status CheckMessage(const Message& m, std::string_view root) { return Check(m, std::string(root)); }
+absl::Status CheckMessage(const Message& m, std::string_view root) {
+  Checker checker;
+  return WalkMessage(m, std::string(root), checker);
+}
 
 }  // namespace ftd::spec
