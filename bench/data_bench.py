@@ -24,7 +24,6 @@ fraction of real tokens, peak memory. Prints a markdown table and writes data_be
 """
 import argparse
 import json
-import os
 import random
 import statistics
 import subprocess
@@ -33,6 +32,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import bench_cli  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests" / "python"))
@@ -214,14 +214,11 @@ def hf_child(args):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--worker", required=True)
-    ap.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
+    ap = bench_cli.parser(worker=True)
     ap.add_argument("--examples", type=int, default=50000)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=2048)
-    ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--warmup", type=int, default=3)
+    bench_cli.add_steps(ap, steps=12, warmup=3)
     ap.add_argument("--impls", default="ftd-pack,ftd-pad,hf-pad")
     ap.add_argument("--kernel-set", default="fused")
     ap.add_argument("--device", default="cuda")

@@ -12,9 +12,7 @@ An impl may carry train_bench.py's options: `fused+ac=full` (spec.activation_che
 `fused+es`, `fused+fp`. The 4x2048 memory line with activation checkpointing:
   lora_bench.py --shapes 4x2048 --impls fused,fused+ac=selective,fused+ac=full,hf --mem-shapes ""
 """
-import argparse
 import json
-import os
 import re
 import statistics
 import subprocess
@@ -27,6 +25,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from train_bench import ftd_options  # noqa: E402
+import bench_cli  # noqa: E402
 GIB = 2**30
 IMPLS = {"eager": {"kernel_set": "eager"}, "fused": {"kernel_set": "fused"},
          "fused-lora-eager": {"kernel_set": "fused", "kernels": {"lora": "eager"}}}
@@ -71,22 +70,17 @@ def run_hf(tokens, b, t, steps, rank, alpha):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--worker", required=True)
-    ap.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
+    ap = bench_cli.parser(worker=True)
     ap.add_argument("--shapes", default="1x2048,4x2048")
     ap.add_argument("--impls", default="eager,fused,fused-lora-eager,hf")
     ap.add_argument("--mem-shapes", default="2x1024,8x512,1x8192",
                     help="extra shapes run with ftd fused only, for measured vs predicted peak memory")
-    ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--warmup", type=int, default=3)
+    bench_cli.add_steps(ap, steps=8, warmup=3)
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--alpha", type=float, default=32)
     args = ap.parse_args()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    parse = lambda s: [tuple(int(x) for x in v.split("x")) for v in s.split(",") if v]
-    shapes, mem_shapes = parse(args.shapes), parse(args.mem_shapes)
+    out = bench_cli.out_dir(args)
+    shapes, mem_shapes = bench_cli.shapes(args.shapes), bench_cli.shapes(args.mem_shapes)
     n = max(b * (t + 1) for b, t in shapes + mem_shapes) * (args.steps + 1)
     tokens = Path(tempfile.mkdtemp(prefix="ftd-lora-bench-")) / "tokens.u32"
     np.random.default_rng(0).integers(0, 128256, size=n, dtype=np.uint32).astype("<u4").tofile(tokens)

@@ -7,9 +7,7 @@ Prometheus gauges that show the sharing. Prints a markdown table, writes pack_be
 
   python3 bench/pack_bench.py --build build-gpu --out DIR [--batch 4] [--seq 2048] [--steps 40]
 """
-import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -21,6 +19,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from ftdbench import start_ftd, token_file  # noqa: E402
+import bench_cli  # noqa: E402
 
 GIB = 2**30
 
@@ -68,17 +67,13 @@ def peak_gib(steps):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--build", default="build-gpu", help="the build directory with server/ftd, client/ftctl, worker/ftd-worker")
-    ap.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
+    ap = bench_cli.parser(build=True, build_default="build-gpu")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=2048)
-    ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--warmup", type=int, default=5)
+    bench_cli.add_steps(ap, steps=40, warmup=5)
     ap.add_argument("--rank", type=int, default=16)
     args = ap.parse_args()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = bench_cli.out_dir(args)
     tmp = Path(tempfile.mkdtemp(prefix="ftd-pack-bench-"))
     tokens = token_file(tmp / "tokens.u32", args.batch * (args.seq + 1) * (args.steps + 2))
     s = spec(tokens, args.batch, args.seq, args.steps, args.rank)

@@ -5,9 +5,7 @@ profile_bench.json and the tables to --out.
 
   python3 bench/profile_bench.py --build build-gpu --out DIR [--shape 4x2048] [--warmup 3] [--steps 2]
 """
-import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -15,19 +13,16 @@ import urllib.request
 from pathlib import Path
 
 from ftdbench import start_ftd, token_file
+import bench_cli  # noqa: E402
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--build", required=True)
-    ap.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
+    ap = bench_cli.parser(build=True)
     ap.add_argument("--shape", default="4x2048")
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=2)
+    bench_cli.add_steps(ap, steps=2, warmup=3)
     ap.add_argument("--top", type=int, default=25)
     args = ap.parse_args()
-    build, out = Path(args.build), Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    build, out = Path(args.build), bench_cli.out_dir(args)
     b, t = (int(x) for x in args.shape.split("x"))
     tmp = Path(tempfile.mkdtemp(prefix="ftd-profile-bench-"))
     tokens = token_file(tmp / "tokens.u32", b * (t + 1) * (args.warmup + args.steps + 1))

@@ -4,9 +4,7 @@ nothing measurable (tokens/s within 2%). Prints a markdown table and writes serv
 
   python3 bench/service_bench.py --build build-gpu --out DIR [--shape 4x2048] [--steps 13] [--repeat 2]
 """
-import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -14,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 from ftdbench import start_ftd, token_file
+import bench_cli  # noqa: E402
 
 
 def median_tps(steps, warmup):
@@ -22,17 +21,13 @@ def median_tps(steps, warmup):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--build", required=True)
-    ap.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
+    ap = bench_cli.parser(build=True)
     ap.add_argument("--shape", default="4x2048")
-    ap.add_argument("--steps", type=int, default=13)
-    ap.add_argument("--warmup", type=int, default=3)
+    bench_cli.add_steps(ap, steps=13, warmup=3)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--kernel-set", default="eager")
     args = ap.parse_args()
-    build, out = Path(args.build), Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    build, out = Path(args.build), bench_cli.out_dir(args)
     b, t = (int(x) for x in args.shape.split("x"))
     tmp = Path(tempfile.mkdtemp(prefix="ftd-service-bench-"))
     tokens = token_file(tmp / "tokens.u32", b * (t + 1) * (args.steps + 1))

@@ -32,9 +32,7 @@ With --base-worker, an impl written `fused@base` (or `eager@base`) runs that ker
 build (another commit's ftd-worker), so two versions of ftd are compared in one invocation on the
 same machine; --repeat alternates them to spread drift evenly.
 """
-import argparse
 import json
-import os
 import statistics
 import subprocess
 import tempfile
@@ -43,6 +41,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import bench_cli  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -154,12 +153,9 @@ def run_peer(tokens, b, t, steps, impl, peer_gc, gpu_gib=None, timeout=None):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--worker", required=True)
-    ap.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
+    ap = bench_cli.parser(worker=True)
     ap.add_argument("--shapes", default="1x512,4x2048,8x2048")
-    ap.add_argument("--steps", type=int, default=13)
-    ap.add_argument("--warmup", type=int, default=3)
+    bench_cli.add_steps(ap, steps=13, warmup=3)
     ap.add_argument("--impls", default="eager,fused,hf",
                     help="ftd kernel sets with options (fused+ac=selective, ...) and/or peers hf, hf-compile, hf-liger")
     ap.add_argument("--peer-gc", choices=["auto", "on", "off"], default="auto",
@@ -177,9 +173,8 @@ def main():
     ap.add_argument("--run-timeout", type=float, help="seconds a peer's run may take (recorded as TIMEOUT)")
     ap.add_argument("--budget-s", type=float, help="seconds all the peers' runs may take together")
     args = ap.parse_args()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    out = bench_cli.out_dir(args)
+    shapes = bench_cli.shapes(args.shapes)
     n = max(b * (t + 1) for b, t in shapes) * (args.steps + 1)
     tokens = Path(tempfile.mkdtemp(prefix="ftd-bench-")) / "tokens.u32"
     np.random.default_rng(0).integers(0, 128256, size=n, dtype=np.uint32).astype("<u4").tofile(tokens)
