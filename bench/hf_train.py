@@ -13,6 +13,7 @@ object with per-step metrics. Used by bench/train_bench.py.
   --grad-ckpt        HF's gradient checkpointing (non-reentrant), for shapes that do not fit without it
 """
 import argparse
+import importlib
 import json
 import sys
 import time
@@ -21,6 +22,16 @@ import torch
 import torch.nn.functional as F
 
 from hf_common import add_run_args, llama_8b_config, step_record, token_windows
+
+
+def peer_import(out, module, name, package):
+    """module.name; or, where the package is not installed, None after printing the run's FAILED line."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ImportError as e:
+        out.update(outcome="FAILED", message=f"{package} is not installed ({e}): put its wheel in .whl/")
+        print(json.dumps(out), flush=True)
+        return None
 
 
 def main():
@@ -37,11 +48,9 @@ def main():
     impl = "hf-" + args.variant + ("+gc" if args.grad_ckpt else "")
     out = {"impl": impl, "batch": args.batch, "seq": args.seq, "steps": []}
     if args.variant == "liger":
-        try:
-            from liger_kernel.transformers import apply_liger_kernel_to_llama
-        except ImportError as e:
-            out.update(outcome="FAILED", message=f"liger-kernel is not installed ({e}): put its wheel in .whl/")
-            print(json.dumps(out), flush=True)
+        apply_liger_kernel_to_llama = peer_import(out, "liger_kernel.transformers", "apply_liger_kernel_to_llama",
+                                                  "liger-kernel")
+        if apply_liger_kernel_to_llama is None:
             return
         apply_liger_kernel_to_llama(rope=True, rms_norm=True, swiglu=True, fused_linear_cross_entropy=True)
     cfg.use_cache = False
@@ -52,11 +61,8 @@ def main():
     if args.grad_ckpt:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if args.variant == "float8":
-        try:
-            from torchao.float8 import convert_to_float8_training
-        except ImportError as e:
-            out.update(outcome="FAILED", message=f"torchao is not installed ({e}): put its wheel in .whl/")
-            print(json.dumps(out), flush=True)
+        convert_to_float8_training = peer_import(out, "torchao.float8", "convert_to_float8_training", "torchao")
+        if convert_to_float8_training is None:
             return
         convert_to_float8_training(model, module_filter_fn=lambda mod, fqn: fqn != "lm_head")
     if args.variant == "compile":
