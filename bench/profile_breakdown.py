@@ -5,6 +5,7 @@ shape, the fused kernel set, bf16), reads its per-op report (`ftctl profile JOB 
 one markdown table, shapes side by side. Writes profile_breakdown.json to --out.
 
   python3 bench/profile_breakdown.py --build build-gpu --out DIR [--shapes 4x2048,1x512] [--kernel-set fused]
+      [--set activation_checkpointing=selective]
   python3 bench/profile_breakdown.py --report REPORT.json [...]   # a saved report: the table only
 
 Every op row is mapped by CATEGORY_RULES, in order, first match wins: on the op's name (a LibTorch op,
@@ -76,11 +77,13 @@ def table(columns):
     return "\n".join(lines)
 
 
-def profile_job(ftctl, spec_path, shape, kernel_set, tmp):
-    """Submits a PROFILE job at `shape`, waits for it, returns its report."""
+def profile_job(ftctl, spec_path, shape, kernel_set, sets=()):
+    """Submits a PROFILE job at `shape` (with ftctl's --set KEY=VALUE for each of `sets`), waits for it,
+    returns its report."""
     run = lambda *a: subprocess.run(ftctl + list(a), capture_output=True, text=True)
+    extra = [x for kv in sets for x in ("--set", kv)]
     p = run("submit", str(spec_path), "--kind", "profile", "--name", f"breakdown-{shape}",
-            "--set", f"kernel_set={kernel_set}")
+            "--set", f"kernel_set={kernel_set}", *extra)
     job = p.stdout.strip()
     if p.returncode != 0 or not job:
         raise RuntimeError(f"submit {shape}: {p.stderr.strip()}")
@@ -106,6 +109,8 @@ def main():
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a spec field for every job, as ftctl submit --set takes it (activation_checkpointing=selective)")
     args = ap.parse_args()
     columns = []
     if args.report:
@@ -122,6 +127,7 @@ def main():
         tmp = Path(tempfile.mkdtemp(prefix="ftd-breakdown-"))
         most = max(int(b) * (int(t) + 1) for b, t in (s.split("x") for s in shapes))
         tokens = token_file(tmp / "tokens.u32", most * (args.warmup + args.steps + 1), vocab=args.vocab)
+        failed = []
         ftd, ftctl, _ = start_ftd(Path(args.build), tmp / "ftd-data", out / "ftd-breakdown.log")
         try:
             for shape in shapes:
@@ -131,12 +137,18 @@ def main():
                         "optimizer": {"lr": 1e-5}, "profile": {"warmup_steps": args.warmup, "steps": args.steps}}
                 spec_path = tmp / f"spec-{shape}.json"
                 spec_path.write_text(json.dumps(spec))
-                columns.append((shape, profile_job(ftctl, spec_path, shape, args.kernel_set, tmp)))
+                try:
+                    columns.append((shape, profile_job(ftctl, spec_path, shape, args.kernel_set, args.set)))
+                except RuntimeError as e:  # e.g. a shape this GPU cannot hold: the others still run
+                    print(f"# {shape}: {e}", flush=True)
+                    failed.append(shape)
         finally:
             ftd.terminate()
             ftd.wait(timeout=60)
         (out / "profile_breakdown.json").write_text(json.dumps(
             {label: {"breakdown": breakdown(r), "report": r} for label, r in columns}, indent=1))
+    if not columns:
+        sys.exit("profile_breakdown: no PROFILE job succeeded")
     device = {r.get("device", "?") for _, r in columns}
     print(f"\nOne step's device time by category ({args.kernel_set} set; device {', '.join(sorted(device))}; "
           f"idle/gaps = step wall time - busy device time):\n")
