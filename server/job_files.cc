@@ -1,6 +1,12 @@
 #include "server/job_files.h"
 
+#include <dirent.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <charconv>
+#include <cstring>
 #include <cmath>
 #include <filesystem>
 #include <system_error>
@@ -23,7 +29,56 @@ int64_t StepOf(const std::string& name, std::string_view suffix) {
   return n;
 }
 
+// ChownTree beneath the open directory `fd` (which it closes); `path` names it in errors.
+absl::Status ChownBeneath(int fd, const std::string& path, uid_t uid, gid_t gid) {
+  auto error = [&](const std::string& what) {
+    const int err = errno;
+    return absl::InternalError(absl::StrCat("cannot give ", what, " to uid ", uid, ": ", std::strerror(err)));
+  };
+  if (::fchown(fd, uid, gid) != 0) {
+    auto st = error(path);
+    ::close(fd);
+    return st;
+  }
+  DIR* d = ::fdopendir(fd);  // owns fd from here
+  if (d == nullptr) {
+    auto st = error(path);
+    ::close(fd);
+    return st;
+  }
+  absl::Status st;
+  while (st.ok()) {
+    errno = 0;
+    const dirent* e = ::readdir(d);
+    if (e == nullptr) {
+      if (errno != 0) st = error(path);
+      break;
+    }
+    const std::string name = e->d_name;
+    if (name == "." || name == "..") continue;
+    const std::string sub = path + "/" + name;
+    const int child = ::openat(::dirfd(d), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (child >= 0) {
+      st = ChownBeneath(child, sub, uid, gid);
+    } else if (errno == ENOTDIR || errno == ELOOP) {  // a file or a link: changed itself, never its target
+      if (::fchownat(::dirfd(d), name.c_str(), uid, gid, AT_SYMLINK_NOFOLLOW) != 0 && errno != ENOENT) st = error(sub);
+    } else if (errno != ENOENT) {
+      st = error(sub);
+    }
+  }
+  ::closedir(d);
+  return st;
+}
+
 }  // namespace
+
+absl::Status ChownTree(const std::string& dir, uid_t uid, gid_t gid) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    return absl::InternalError(absl::StrCat("cannot give ", dir, " to uid ", uid, ": ", std::strerror(errno)));
+  }
+  return ChownBeneath(fd, dir, uid, gid);
+}
 
 int64_t TreeBytes(const std::string& path) {
   std::error_code ec;

@@ -3,6 +3,8 @@
 // need. No gRPC, no store.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -27,6 +29,11 @@ std::optional<std::string> NewestCheckpoint(const std::string& dir);
 // Copies the tree `from` to `to` (which must not exist) with hard links where the filesystem allows
 // and byte copies where it does not (another filesystem).
 absl::Status LinkOrCopyTree(const std::string& from, const std::string& to);
+
+// Gives `dir` and everything under it to uid:gid, never following a symbolic link (the tree may
+// belong to that user already, who could have planted links in it): each directory is opened with
+// O_NOFOLLOW beneath its parent's descriptor, each link changed itself (AT_SYMLINK_NOFOLLOW).
+absl::Status ChownTree(const std::string& dir, uid_t uid, gid_t gid);
 
 // Removes partial checkpoints (step-N.tmp directories) in `dir`, left by a writer that died; the
 // caller makes sure no writer runs there. Returns the bytes freed.

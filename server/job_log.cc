@@ -1,5 +1,8 @@
 #include "server/job_log.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 
 #include "server/job_manager.h"
@@ -17,8 +20,14 @@ LogReader::~LogReader() {
 
 bool LogReader::Open() {
   if (f_ != nullptr) return true;
-  f_ = std::fopen(path_.c_str(), "rbe");
-  if (f_ == nullptr) return false;
+  // Never through a link: the job's directory may belong to the workers' user (--worker-user).
+  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return false;
+  f_ = ::fdopen(fd, "rb");
+  if (f_ == nullptr) {
+    ::close(fd);
+    return false;
+  }
   if (pos_ > 0) {
     // A resumed follow: where the previous stream stopped (past the end for now reads nothing yet).
     std::fseek(f_, static_cast<long>(pos_), SEEK_SET);

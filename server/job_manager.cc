@@ -1,9 +1,11 @@
 #include "server/job_manager.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <random>
 
@@ -929,8 +931,13 @@ absl::StatusOr<JobManager::LogFile> JobManager::Log(const std::string& id) {
 void JobManager::AppendToLog(const std::string& id, const std::string& line) const {
   std::error_code ec;
   fs::create_directories(JobDir(id), ec);
-  std::ofstream out(fs::path(JobDir(id)) / "worker.log", std::ios::app);
-  out << line << '\n';
+  // Never through a link: the job's directory may belong to the workers' user (--worker-user).
+  const std::string path = (fs::path(JobDir(id)) / "worker.log").string();
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) return;
+  const std::string text = line + '\n';
+  (void)!::write(fd, text.data(), text.size());
+  ::close(fd);
 }
 
 JobManager::Watch::Watch(JobManager* m, std::string id, int64_t after_seq)

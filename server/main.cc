@@ -14,10 +14,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <climits>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <thread>
 
 #include "CLI/CLI.hpp"
@@ -91,11 +94,15 @@ std::string DefaultDataDir() {
 }
 
 // The data directory is its owner's only (0700), and so are the databases in it (0600): a
-// directory or database an older ftd left more open is tightened at start.
-void TightenModes(const std::string& data_dir) {
+// directory or database an older ftd left more open is tightened at start. Workers of another user
+// (`traversable`) may pass through the data directory and jobs/ (0711) to their job's directory
+// and the worker socket, but list neither.
+void TightenModes(const std::string& data_dir, bool traversable) {
   std::error_code ec;
-  fs::permissions(data_dir, fs::perms::owner_all, fs::perm_options::replace, ec);
-  fs::permissions(fs::path(data_dir) / "jobs", fs::perms::owner_all, fs::perm_options::replace, ec);
+  const fs::perms dir_mode = traversable ? fs::perms::owner_all | fs::perms::group_exec | fs::perms::others_exec
+                                         : fs::perms::owner_all;
+  fs::permissions(data_dir, dir_mode, fs::perm_options::replace, ec);
+  fs::permissions(fs::path(data_dir) / "jobs", dir_mode, fs::perm_options::replace, ec);
   for (const char* name : {"ftd.db", "ftd.db-wal", "ftd.db-shm", "auth.db", "auth.db-wal", "auth.db-shm"}) {
     const fs::path p = fs::path(data_dir) / name;
     if (fs::exists(p, ec)) fs::permissions(p, fs::perms::owner_read | fs::perms::owner_write, fs::perm_options::replace, ec);
@@ -142,6 +149,11 @@ int main(int argc, char** argv) {
   app.add_option("--worker-memory-max", worker_memory_max,
                  "memory limit of each worker's cgroup, and the bound on CPU jobs at submit (e.g. 16GiB; 0: 90% of RAM)")
       ->transform(CLI::AsSizeValue(false));
+  std::string worker_user;
+  app.add_option("--worker-user", worker_user,
+                 "run workers as this unprivileged user (ftd must be root): each job's directory is given to it "
+                 "when its worker starts; the roots must be readable, and the user roots writable, by it "
+                 "(docs/security.md)");
   ftd::server::ListenConfig lc;
   app.add_option("--socket", lc.socket,
                  "unix socket for local users, identified by uid (default: $RUNTIME_DIRECTORY/ftd.sock under "
@@ -288,6 +300,15 @@ int main(int argc, char** argv) {
     std::cerr << "ftd: " << st.message() << "\n";
     return 2;
   }
+  std::optional<ftd::server::WorkerUser> run_as;
+  if (!worker_user.empty()) {
+    auto u = ftd::server::LookUpWorkerUser(worker_user);
+    if (!u.ok()) {
+      std::cerr << "ftd: " << u.status().message() << "\n";
+      return 2;
+    }
+    run_as = *std::move(u);
+  }
   lc.listen = listen;
   if (auto st = lc.Resolve(data_dir); !st.ok()) {
     std::cerr << "ftd: " << st.message() << "\n";
@@ -309,7 +330,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   data_dir = fs::canonical(data_dir).string();
-  TightenModes(data_dir);
+  TightenModes(data_dir, run_as.has_value());
   if (lc.socket.empty()) lc.socket = (fs::path(data_dir) / "ftd.sock").string();
   auto store = ftd::server::Store::Open((fs::path(data_dir) / "ftd.db").string());
   if (!store.ok()) {
@@ -354,7 +375,7 @@ int main(int argc, char** argv) {
     }
   }
   ftd::server::ProcessLauncher launcher(
-      {worker, "unix:" + sock, (fs::path(data_dir) / "jobs").string(), cgroups.get()});
+      {worker, "unix:" + sock, (fs::path(data_dir) / "jobs").string(), cgroups.get(), run_as});
   ftd::server::RealClock clock;
   mc.gpus = gpus >= 0 ? gpus : DetectGpus();
   mc.max_queued = max_queued;
@@ -433,6 +454,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   fs::permissions(sock, fs::perms::owner_read | fs::perms::owner_write, ec);
+  // The workers' user connects to it (each attempt still proves itself with its token).
+  if (run_as.has_value() && ::chown(sock.c_str(), run_as->uid, run_as->gid) != 0) {
+    std::cerr << "ftd: cannot give the worker socket " << sock << " to --worker-user " << run_as->name << ": "
+              << std::strerror(errno) << "\n";
+    return 1;
+  }
   if (auto st = manager.Start(); !st.ok()) {
     std::cerr << "ftd: " << st.message() << "\n";
     return 1;
@@ -441,7 +468,9 @@ int main(int argc, char** argv) {
             << (lc.listen.empty() ? std::string("no TCP") : lc.Describe(port)) << ", metrics on "
             << (metrics_listen.empty() ? "(off)" : metrics_listen) << ", " << manager.slots() << " slot(s) ("
             << (mc.gpus > 0 ? "GPU" : "CPU") << "), data in " << data_dir << "; workers: "
-            << (cgroups != nullptr ? cgroups->Describe() : "no cgroup") << std::endl;
+            << (cgroups != nullptr ? cgroups->Describe() : "no cgroup")
+            << (run_as.has_value() ? absl::StrCat(", as user ", run_as->name, " (uid ", run_as->uid, ")") : "")
+            << std::endl;
 
   int sig = 0;
   sigwait(&sigs, &sig);

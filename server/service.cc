@@ -1,7 +1,11 @@
 #include "server/service.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <exception>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -145,22 +149,28 @@ grpc::Status JobServiceImpl::GetTrace(grpc::ServerContext* ctx, const ftd::v1::G
     if (auto st = MayRead(m_, who, req->id(), "download the trace of"); !st.ok()) return ToGrpc(st);
     auto path = m_->TracePath(req->id());
     if (!path.ok()) return ToGrpc(path.status());
-    std::ifstream in(*path, std::ios::binary);
-    if (!in) return ToGrpc(absl::NotFoundError("the trace of job " + req->id() + " cannot be read"));
-    in.seekg(0, std::ios::end);
-    const int64_t total = static_cast<int64_t>(in.tellg());
-    in.seekg(0);
+    // Never through a link: the job's directory may belong to the workers' user (--worker-user).
+    const int fd = ::open(path->c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    struct stat st {};
+    if (fd < 0 || ::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      if (fd >= 0) ::close(fd);
+      return ToGrpc(absl::NotFoundError("the trace of job " + req->id() + " cannot be read"));
+    }
     constexpr size_t kChunk = 1 << 20;
     std::string buf(kChunk, '\0');
     ftd::v1::TraceChunk chunk;
-    chunk.set_total_bytes(total);
-    while (in && !ctx->IsCancelled()) {
-      in.read(buf.data(), static_cast<std::streamsize>(kChunk));
-      const auto n = static_cast<size_t>(in.gcount());
-      if (n == 0) break;
-      chunk.set_data(buf.data(), n);
-      if (!writer->Write(chunk)) return ClientGone();
+    chunk.set_total_bytes(static_cast<int64_t>(st.st_size));
+    while (!ctx->IsCancelled()) {
+      const ssize_t n = ::read(fd, buf.data(), kChunk);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      chunk.set_data(buf.data(), static_cast<size_t>(n));
+      if (!writer->Write(chunk)) {
+        ::close(fd);
+        return ClientGone();
+      }
     }
+    ::close(fd);
     return grpc::Status::OK;
   });
 }

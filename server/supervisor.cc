@@ -3,7 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
+#include <grp.h>
 #include <sys/eventfd.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -23,6 +23,88 @@ namespace {
 int64_t SteadyMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
+}
+
+// What the child of ForkExec reports through its close-on-exec pipe when a step before exec fails.
+struct ChildFailure {
+  int step = 0;  // index into kChildSteps
+  int err = 0;   // errno
+};
+constexpr const char* kChildSteps[] = {"open /dev/null", "open the log", "setgroups", "setgid", "setuid", "exec"};
+
+[[noreturn]] void ChildFail(int report_fd, int step) {
+  const ChildFailure f{step, errno};
+  (void)!::write(report_fd, &f, sizeof f);
+  ::_exit(127);
+}
+
+// Between fork and exec the child of a multi-threaded daemon may only make async-signal-safe calls:
+// everything it needs is built before the fork, and it only makes system calls.
+[[noreturn]] void RunChild(int report_fd, const char* binary, char* const* argv, char* const* envp, const char* log_path,
+                           pid_t process_group, const SpawnCredentials* cred) {
+  auto fail = [report_fd](int step) { ChildFail(report_fd, step); };
+  ::setpgid(0, process_group);
+  const int in = ::open("/dev/null", O_RDONLY);
+  if (in < 0) fail(0);
+  // O_NOFOLLOW: the job directory may belong to the worker's user, who could plant a link there.
+  const int out = ::open(log_path, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW, 0600);
+  if (out < 0) fail(1);
+  ::dup2(in, 0);
+  ::dup2(out, 1);
+  ::dup2(out, 2);
+  if (in > 2) ::close(in);
+  if (out > 2) ::close(out);
+  if (cred != nullptr) {
+    if (::setgroups(cred->groups.size(), cred->groups.data()) != 0) fail(2);
+    if (::setgid(cred->gid) != 0) fail(3);
+    if (::setuid(cred->uid) != 0) fail(4);
+  }
+  // The daemon ignores SIGPIPE and blocks its signals in every thread; a worker starts with neither.
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  for (int sig = 1; sig < NSIG; ++sig) ::sigaction(sig, &dfl, nullptr);
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  ::execve(binary, argv, envp);
+  ChildFail(report_fd, 5);
+}
+
+// Starts `binary` and returns once it has exec'd (or failed to), as posix_spawn would.
+absl::StatusOr<pid_t> ForkExec(const std::string& binary, char* const* argv, char* const* envp,
+                               const std::string& log_path, pid_t process_group,
+                               const std::optional<SpawnCredentials>& cred) {
+  int report[2];
+  if (::pipe2(report, O_CLOEXEC) != 0) {
+    return absl::InternalError(absl::StrCat("cannot start ", binary, ": pipe: ", std::strerror(errno)));
+  }
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(report[0]);
+    RunChild(report[1], binary.c_str(), argv, envp, log_path.c_str(), process_group,
+             cred.has_value() ? &*cred : nullptr);
+  }
+  const int fork_err = errno;
+  ::close(report[1]);
+  if (pid < 0) {
+    ::close(report[0]);
+    return absl::InternalError(absl::StrCat("cannot start ", binary, ": fork: ", std::strerror(fork_err)));
+  }
+  ChildFailure f;
+  ssize_t n;
+  do {
+    n = ::read(report[0], &f, sizeof f);
+  } while (n < 0 && errno == EINTR);
+  ::close(report[0]);
+  if (n == 0) return pid;  // the pipe closed on exec
+  ::waitpid(pid, nullptr, 0);
+  if (n != static_cast<ssize_t>(sizeof f)) return absl::InternalError(absl::StrCat("cannot start ", binary));
+  if (f.step < 0 || f.step > 5) return absl::InternalError(absl::StrCat("cannot start ", binary));
+  if (f.step == 5) return absl::InternalError(absl::StrCat("cannot start ", binary, ": ", std::strerror(f.err)));
+  std::string what = kChildSteps[f.step];
+  if (f.step == 1) what += " " + log_path;
+  if (f.step >= 2 && f.step <= 4) what += absl::StrCat(" to uid ", cred->uid, " gid ", cred->gid);
+  return absl::InternalError(absl::StrCat("cannot start ", binary, ": ", what, ": ", std::strerror(f.err)));
 }
 
 }  // namespace
@@ -67,43 +149,26 @@ absl::StatusOr<pid_t> Supervisor::Spawn(const SpawnRequest& req) {
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
 
-  posix_spawn_file_actions_t fa;
-  posix_spawnattr_t attr;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawnattr_init(&attr);
-  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&fa, 1, req.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
   // A process group of its own (cancel signals the whole group), or the group of the job's rank 0.
   // That group cannot have been reused: its leader is our child and not reaped before its ranks are
   // started (ProcessLauncher holds its lock across the spawns and its exit handler takes it).
-  posix_spawnattr_setpgroup(&attr, req.process_group);
-  sigset_t none, all;
-  sigemptyset(&none);
-  sigfillset(&all);
-  posix_spawnattr_setsigmask(&attr, &none);  // the daemon blocks signals in its threads; workers must not
-  posix_spawnattr_setsigdefault(&attr, &all);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-  pid_t pid = 0;
-  const int rc = posix_spawn(&pid, req.binary.c_str(), &fa, &attr, argv.data(), envp.data());
-  posix_spawn_file_actions_destroy(&fa);
-  posix_spawnattr_destroy(&attr);
-  if (rc != 0) return absl::InternalError(absl::StrCat("cannot start ", req.binary, ": ", std::strerror(rc)));
+  auto pid = ForkExec(req.binary, argv.data(), envp.data(), req.log_path, req.process_group, req.credentials);
+  if (!pid.ok()) return pid.status();
   // Nobody else reaps our children, so the pid still names this child here.
-  const int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));  // glibc 2.36's <sys/pidfd.h> lacks extern "C"
+  const int fd = static_cast<int>(::syscall(SYS_pidfd_open, *pid, 0));  // glibc 2.36's <sys/pidfd.h> lacks extern "C"
   if (fd < 0) {
     const int err = errno;
-    ::kill(-pid, SIGKILL);
-    ::waitpid(pid, nullptr, 0);
+    ::kill(-*pid, SIGKILL);
+    ::waitpid(*pid, nullptr, 0);
     return absl::InternalError(absl::StrCat("cannot watch the started ", req.binary, " (pidfd_open needs Linux 5.3 or "
                                             "newer): ", std::strerror(err)));
   }
   {
     std::lock_guard<std::mutex> l(mu_);
-    live_[pid] = fd;
+    live_[*pid] = fd;
   }
   Wake();
-  return pid;
+  return *pid;
 }
 
 void Supervisor::Stop(pid_t pid, int grace_ms, int sig) {

@@ -1,5 +1,6 @@
-// Worker processes: started with posix_spawn in a process group of their own, with stdout/stderr
-// going to a log file and no inherited descriptors (everything the daemon opens is close-on-exec).
+// Worker processes: started with fork and exec in a process group of their own, with stdout/stderr
+// going to a log file and no inherited descriptors (everything the daemon opens is close-on-exec);
+// when asked, the child gives up root (setgroups, setgid, setuid) before it execs.
 // One reaper thread waits on a pidfd per child it started (never waitpid(-1): other children of the
 // daemon are not its business), kills what a worker left in its group, reaps it and reports the
 // exit; the same thread sends the SIGKILLs that follow a Stop's grace period. Needs Linux >= 5.3.
@@ -10,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -20,12 +22,20 @@
 
 namespace ftd::server {
 
+// Who a child runs as: set in the child between fork and exec (the daemon must be root to switch).
+struct SpawnCredentials {
+  uid_t uid = 0;
+  gid_t gid = 0;
+  std::vector<gid_t> groups;  // supplementary groups; empty: none
+};
+
 struct SpawnRequest {
   std::string binary;
   std::vector<std::string> args;                         // argv[1..]
   std::vector<std::pair<std::string, std::string>> env;  // added to / overriding the daemon's
-  std::string log_path;                                  // stdout and stderr, appended
+  std::string log_path;                                  // stdout and stderr, appended (never through a symlink)
   pid_t process_group = 0;  // join this child's group (a rank of the same job); 0: a group of its own
+  std::optional<SpawnCredentials> credentials;           // unset: the daemon's own
 };
 
 class Supervisor {

@@ -1,7 +1,11 @@
 #include "server/worker_launcher.h"
 
+#include <grp.h>
+#include <pwd.h>
 #include <signal.h>
+#include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -9,10 +13,37 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/job_files.h"
 #include "server/supervisor.h"
 
 namespace ftd::server {
 namespace fs = std::filesystem;
+
+absl::StatusOr<WorkerUser> LookUpWorkerUser(const std::string& name) {
+  if (::geteuid() != 0) {
+    return absl::FailedPreconditionError(absl::StrCat("--worker-user ", name, " needs ftd to run as root to switch "
+                                                      "its workers to that user (ftd runs as uid ", ::geteuid(),
+                                                      "); start ftd as root, or drop --worker-user"));
+  }
+  std::vector<char> buf(16384);
+  passwd pw{};
+  passwd* found = nullptr;
+  const int rc = ::getpwnam_r(name.c_str(), &pw, buf.data(), buf.size(), &found);
+  if (found == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("--worker-user ", name, ": no such user",
+                                                   rc != 0 ? absl::StrCat(" (", std::strerror(rc), ")") : "",
+                                                   "; create a service user for the workers (useradd --system)"));
+  }
+  if (pw.pw_uid == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--worker-user ", name, " is root: name an unprivileged user"));
+  }
+  WorkerUser u{name, pw.pw_uid, pw.pw_gid, {}, pw.pw_dir != nullptr ? pw.pw_dir : "/"};
+  int n = 64;
+  u.groups.resize(n);
+  while (::getgrouplist(name.c_str(), pw.pw_gid, u.groups.data(), &n) < 0) u.groups.resize(n);
+  u.groups.resize(n);
+  return u;
+}
 
 ProcessLauncher::ProcessLauncher(ProcessLauncherConfig cfg)
     : cfg_(std::move(cfg)),
@@ -30,6 +61,12 @@ absl::StatusOr<int64_t> ProcessLauncher::Launch(const LaunchRequest& req) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   SpawnRequest s;
+  if (cfg_.user.has_value()) {
+    // Its directory is the worker's to write: checkpoints, trace, a resumed job's staged checkpoint.
+    if (auto st = ChownTree(dir.string(), cfg_.user->uid, cfg_.user->gid); !st.ok()) return st;
+    s.credentials = SpawnCredentials{cfg_.user->uid, cfg_.user->gid, cfg_.user->groups};
+    s.env = {{"HOME", cfg_.user->home}, {"USER", cfg_.user->name}, {"LOGNAME", cfg_.user->name}};
+  }
   s.binary = cfg_.worker_binary;
   s.args = {"agent", "--address", cfg_.worker_address, "--job", req.job_id, "--attempt", absl::StrCat(req.attempt)};
   // In the environment, not argv: /proc/PID/cmdline is readable by everyone (`ps`), environ only by

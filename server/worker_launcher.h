@@ -64,11 +64,24 @@ class WorkerLauncher {
   virtual void KillOrphan(int64_t pid, const std::string& job_id) = 0;
 };
 
+// The unprivileged user workers run as (ftd --worker-user), as the password database has it.
+struct WorkerUser {
+  std::string name;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  std::vector<gid_t> groups;  // its supplementary groups (its primary one included)
+  std::string home;
+};
+
+// `name`'s entry. A daemon that is not root cannot switch users: refused, saying so.
+absl::StatusOr<WorkerUser> LookUpWorkerUser(const std::string& name);
+
 struct ProcessLauncherConfig {
   std::string worker_binary;   // ftd-worker (or a test double speaking its protocol)
   std::string worker_address;  // "unix:<data_dir>/worker.sock"
   std::string jobs_dir;        // <data_dir>/jobs: <job>/worker.log
   WorkerCgroups* cgroups = nullptr;  // a memory-limited cgroup per worker; nullptr: none (outlives the launcher)
+  std::optional<WorkerUser> user;    // unset: workers run as the daemon's user
 };
 
 // `<worker_binary> agent --address A --job J --attempt N` with the token in $FTD_ATTEMPT_TOKEN, in a
@@ -79,6 +92,8 @@ struct ProcessLauncherConfig {
 // process group (so Stop and Kill reach every rank): a rank that fails kills the group, and the
 // attempt's exit is reported once every rank is gone, as the first failed rank's (else rank 0's).
 // Every process gets NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1.
+// With `user`, the job's directory (and all in it) is given to that user before the worker starts,
+// and the worker runs as it, with its HOME.
 class ProcessLauncher final : public WorkerLauncher {
  public:
   explicit ProcessLauncher(ProcessLauncherConfig cfg);

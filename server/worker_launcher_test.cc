@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -14,6 +15,7 @@
 #include <fstream>
 #include <mutex>
 #include <optional>
+#include <sstream>
 
 namespace ftd::server {
 namespace {
@@ -59,8 +61,9 @@ class LauncherTest : public ::testing::Test {
     fs::remove_all(dir_, ec);
   }
   // Runs one attempt through a launcher over `cgroups`; returns how it ended.
-  ExitStatus RunOne(WorkerCgroups* cgroups, const LaunchRequest& req = {"j-000001", 2, "token", "cpu", -1, {}, {}, 1}) {
-    ProcessLauncher launcher({worker_, "unix:/nonexistent", dir_ + "/jobs", cgroups});
+  ExitStatus RunOne(WorkerCgroups* cgroups, const LaunchRequest& req = {"j-000001", 2, "token", "cpu", -1, {}, {}, 1},
+                    std::optional<WorkerUser> user = std::nullopt) {
+    ProcessLauncher launcher({worker_, "unix:/nonexistent", dir_ + "/jobs", cgroups, std::move(user)});
     std::mutex mu;
     std::condition_variable cv;
     std::optional<ExitStatus> got;
@@ -150,6 +153,66 @@ TEST_F(LauncherTest, ARankThatFailsStopsEveryRankAndTheAttemptEndsAsItDid) {
   ASSERT_EQ(lines.size(), 2u);
   EXPECT_NE(lines[0].find("--rank 0 --store " + store + " 3,5 0 1 1"), std::string::npos) << lines[0];
   EXPECT_NE(lines[1].find("--rank 1 --store " + store + " 3,5 0 1 1"), std::string::npos) << lines[1];
+}
+
+TEST(WorkerUserTest, AnUnknownUserOrRootIsRefusedAndSoIsADaemonThatCannotSwitch) {
+  if (::geteuid() != 0) {
+    auto u = LookUpWorkerUser("nobody");
+    ASSERT_FALSE(u.ok());
+    EXPECT_EQ(u.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(u.status().message().find("needs ftd to run as root"), std::string::npos) << u.status();
+    return;
+  }
+  auto missing = LookUpWorkerUser("ftd-no-such-user");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("--worker-user ftd-no-such-user: no such user"), std::string::npos)
+      << missing.status();
+  auto root = LookUpWorkerUser("root");
+  ASSERT_FALSE(root.ok());
+  EXPECT_NE(root.status().message().find("is root"), std::string::npos) << root.status();
+}
+
+// As root: the worker runs as the worker user, its job directory (a staged checkpoint in it
+// included) is given to that user first, and a link planted there is not followed.
+TEST_F(LauncherTest, AWorkerUsersWorkerRunsAsItInADirectoryGivenToIt) {
+  if (::geteuid() != 0) GTEST_SKIP() << "switching users needs root (CI runs as root)";
+  auto user = LookUpWorkerUser("nobody");
+  ASSERT_TRUE(user.ok()) << user.status();
+  ASSERT_EQ(::chmod(dir_.c_str(), 0711), 0);  // mkdtemp's 0700 would stop the worker on its way in
+  const fs::path job = fs::path(dir_) / "jobs" / "j-000001";
+  fs::create_directories(job / "checkpoints" / "step-1");
+  std::ofstream(job / "checkpoints" / "step-1" / "model.safetensors") << "x";
+  const std::string secret = dir_ + "/secret";
+  std::ofstream(secret) << "root only";
+  ::chmod(secret.c_str(), 0600);
+  fs::create_symlink(secret, job / "link");
+  std::ofstream(worker_) << "#!/bin/sh\nd=" << job.string()
+                         << "\nid -u > $d/ids; id -G >> $d/ids; echo \"$HOME\" >> $d/ids\n"
+                            "cat " << secret << " > $d/read 2>&1 || echo refused >> $d/read\n"
+                            "touch $d/checkpoints/step-1/new\n";
+  const ExitStatus got = RunOne(nullptr, {"j-000001", 2, "token", "cpu", -1, {}, {}, 1}, *user);
+  EXPECT_FALSE(got.signaled);
+  EXPECT_EQ(got.code, 0);
+  std::ifstream ids(job / "ids");
+  std::string uid, groups, home;
+  std::getline(ids, uid);
+  std::getline(ids, groups);
+  std::getline(ids, home);
+  EXPECT_EQ(uid, std::to_string(user->uid));
+  std::istringstream gids(groups);
+  for (std::string g; gids >> g;) EXPECT_NE(g, "0") << "root's group kept: " << groups;
+  EXPECT_EQ(home, user->home);
+  std::ifstream read(job / "read");
+  std::string first;
+  std::getline(read, first);
+  EXPECT_NE(first, "root only") << "the worker read a root-only file";
+  struct stat st {};
+  for (const fs::path& p : {job, job / "checkpoints" / "step-1" / "model.safetensors", job / "checkpoints" / "step-1" / "new"}) {
+    ASSERT_EQ(::stat(p.c_str(), &st), 0) << p;
+    EXPECT_EQ(st.st_uid, user->uid) << p;
+  }
+  ASSERT_EQ(::stat(secret.c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 0u) << "the link's target was given away";
 }
 
 }  // namespace

@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from ftdapi import JobService, msg, spec
-from ftdservice import FTCTL, TINY, Daemon, ftctl, get, submit, wait_for
+from ftdservice import FTCTL, FTD, TINY, Daemon, ftctl, get, submit, wait_for
 from test_auth import ALICE, BOB, denied, local_users, ok  # noqa: F401 (a fixture)
 
 
@@ -251,3 +251,57 @@ def test_an_id_outside_the_vocabulary_is_named_only_in_the_callers_own_files(roo
     assert "not a valid token file for this model: it holds ids outside the model's vocab_size 64" in text, text
     for leak in ("30056", "token 0", "hunter2"):
         assert leak not in text, (leak, text)
+
+
+# --- workers off root ----------------------------------------------------------------------------
+
+@pytest.fixture
+def worker_user_daemon():
+    if os.geteuid() != 0:
+        pytest.skip(f"ftd switches its workers to --worker-user only when it runs as root (this test runs as uid "
+                    f"{os.geteuid()}; CI runs as root)")
+    base = Path(tempfile.mkdtemp(prefix="ftd-worker-user-"))
+    base.chmod(0o755)  # pytest's tmp_path is root's only: the workers' user could not reach the data directory
+    d = Daemon(base, "--worker-user", "nobody")
+    d.base = base
+    yield d
+    d.stop()
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def test_workers_run_as_the_worker_user_and_cannot_read_roots_files(worker_user_daemon):
+    d = worker_user_daemon
+    nobody = pwd.getpwnam("nobody")
+    job = submit(d, dict(TINY, steps=2))
+    got = wait_for(lambda: finished("root", d, job), 120, "the job to end")
+    assert got["state"] == "SUCCEEDED", got
+    job_dir = d.data / "jobs" / job
+    written = [p for p in job_dir.rglob("*") if "step-" in str(p)]
+    assert written, list(job_dir.rglob("*"))
+    for p in [job_dir] + written:
+        assert p.stat().st_uid == nobody.pw_uid, (str(p), p.stat().st_uid)
+    assert (d.data.stat().st_mode & 0o777) == 0o711  # passable to the workers' user, not listable
+    # A token file only root may read: the worker cannot open it, the job fails naming the field.
+    secret = d.base / "secret.bin"
+    secret.write_bytes(bytes(range(1, 61)) * 40)  # a valid token file, which a root worker would train on
+    secret.chmod(0o600)
+    job = submit(d, dict(TINY, steps=1, data={"path": str(secret)}), "--max-attempts", "1")
+    got = wait_for(lambda: finished("root", d, job), 120, "the job on the root-only file to end")
+    assert got["state"] == "FAILED" and "spec.data.path" in got["message"], got
+    assert "ermission denied" in got["message"], got
+    # The job's directory is the workers' user's: a link it plants there is never followed by ftd.
+    log = d.data / "jobs" / job / "worker.log"
+    log.unlink()
+    secret.write_text("root-only-secret\n")
+    log.symlink_to(secret)
+    p = ftctl(d, "logs", job)
+    assert "root-only-secret" not in p.stdout + p.stderr, p.stdout
+
+
+def test_a_worker_user_needs_a_daemon_running_as_root(tmp_path):
+    if os.geteuid() != 0 or shutil.which("runuser") is None:
+        pytest.skip("needs root and runuser to start ftd as another user")
+    p = subprocess.run(["runuser", "-u", "nobody", "--", str(FTD), "--worker-user", "nobody", "--data-dir",
+                        "/nonexistent/ftd", "--listen", ""], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert "--worker-user nobody needs ftd to run as root" in p.stderr, p.stderr
