@@ -8,7 +8,8 @@ A run that runs out of memory is recorded as such and the benchmark goes on.
 
 ftd impls: a kernel set with options joined by `+`: `fused+ac=selective` (spec.activation_checkpointing),
 `fused+es` (spec.expandable_segments), `fused+fp` (spec.kernel_tuning.fused_projections),
-`fused+fcl=N` (spec.full_checkpoint_layers), e.g. `fused+ac=full+es` or `fused+ac=selective+fcl=16`.
+`fused+fcl=N` (spec.full_checkpoint_layers), `fused+nc` (optimizer.grad_clip 0), `fused+ov`
+(spec.optimizer.overlap, which needs grad_clip 0: nc implied), e.g. `fused+ac=full+es` or `fused+ac=selective+fcl=16`.
 Peers: `hf` (HF eager, sdpa, fused AdamW), `hf-compile` (torch.compile), `hf-liger` (Liger-Kernel), `hf-float8` (torchao float8 training + torch.compile). --peer-gc auto (default)
 turns HF's gradient checkpointing on up front where the peer's estimated peak (60 GiB of weights, gradients
 and AdamW state, plus HF eager's measured 5.8 MiB of activations a token) does not fit the GPU, and reruns
@@ -65,7 +66,8 @@ def run_ours(worker, tokens, b, t, steps, out_dir, extra):
     spec = {"model": {"preset": "llama-3.1-8b"}, "data": {"path": str(tokens), "token_dtype": "uint32"},
             "steps": steps, "batch_size": b, "seq_len": t, "device": "cuda", "dtype": "bf16",
             "optimizer": {"lr": 1e-5, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1, "grad_clip": 1.0}}
-    spec.update(extra)
+    for key, value in extra.items():  # nested fields (optimizer.overlap) keep their block's other fields
+        spec[key] = {**spec[key], **value} if isinstance(value, dict) and isinstance(spec.get(key), dict) else value
     path = tokens.parent / f"spec-{b}x{t}.json"
     path.write_text(json.dumps(spec))
     p = subprocess.run([str(worker), "run", str(path)], capture_output=True, text=True)
@@ -92,8 +94,12 @@ def ftd_options(impl):
             extra.setdefault("kernel_tuning", {})["fused_projections"] = True
         elif key == "fcl" and value.isdigit():
             extra["full_checkpoint_layers"] = int(value)
+        elif key == "nc" and not value:
+            extra.setdefault("optimizer", {})["grad_clip"] = 0
+        elif key == "ov" and not value:
+            extra.setdefault("optimizer", {}).update(grad_clip=0, overlap=True)
         else:
-            sys.exit(f"train_bench: unknown option {o!r} in impl {impl!r} (ac=none|selective|full, es, fp, fcl=N)")
+            sys.exit(f"train_bench: unknown option {o!r} in impl {impl!r} (ac=none|selective|full, es, fp, fcl=N, nc, ov)")
     return extra
 
 

@@ -65,6 +65,14 @@ PeakMemory PredictPeakMemory(const LlamaConfig& m, const TrainConfig& c, bool gp
     p.optimizer = 2 * params * (masters ? 4 : e) / shards;
     p.gradients = params * e;
   }
+  if (c.optimizer.overlap && c.grad_accum_steps == 1) {
+    // Each group (a layer, or the embedding / lm_head alone) is updated and its gradients freed as
+    // soon as they are final: the largest group's gradients at most. With accumulation every
+    // gradient is kept until the last micro-batch.
+    const double layer = lora.enabled ? adapter_params / layers * ea
+                                      : (h * (q + 2 * kv) + q * h + 3 * h * f + 2 * h) * e;
+    p.gradients = std::min(p.gradients, std::max(layer, full ? vocab * h * e : 0.0));
+  }
   if (k[KernelOp::kMatmul]) {  // FP8 matmuls: an E4M3 copy of every projection weight (1 byte an element)
     double projection_params = 0;
     for (size_t t = 0; t < in.size(); ++t) projection_params += layers * in[t] * out[t];

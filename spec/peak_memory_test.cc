@@ -150,6 +150,22 @@ TEST(PeakMemory, FullCheckpointLayersMoveLinearlyFromTheModeToFull) {
   EXPECT_LT(PredictPeakMemory(m, l, true).Peak() / kGiB, 30) << PredictPeakMemory(m, l, true).ToString();
 }
 
+// spec.optimizer.overlap frees each layer's gradients once it is updated: at 1x512 (8B, fused set),
+// where the gradients (15 GiB) set the peak, only the largest group's (the embedding's, 1 GiB) remain;
+// with accumulation every gradient is kept until the last micro-batch.
+TEST(PeakMemory, OptimizerOverlapKeepsOneGroupOfGradients) {
+  const auto m = *PresetLlamaConfig("llama-3.1-8b");
+  auto c = Job(1, 512, "fused");
+  const auto plain = PredictPeakMemory(m, c, true);
+  c.optimizer.overlap = true;
+  c.optimizer.grad_clip = 0;
+  const auto overlap = PredictPeakMemory(m, c, true);
+  EXPECT_DOUBLE_EQ(overlap.gradients, 128256.0 * 4096 * 2);
+  EXPECT_LT(overlap.Peak(), plain.Peak() - 10 * kGiB) << overlap.ToString();
+  c.grad_accum_steps = 2;
+  EXPECT_DOUBLE_EQ(PredictPeakMemory(m, c, true).gradients, plain.gradients);
+}
+
 // The fp8 set keeps an E4M3 copy of every projection weight: 1 byte for each of the 8B's 6.98e9
 // projection parameters (32 layers x 218,103,808) above the fused set's weights; nothing else changes.
 TEST(PeakMemory, Fp8AddsTheWeightCopies) {

@@ -100,6 +100,22 @@ TEST(Spec, FullCheckpointLayersReachTheConfigWithNoneOrSelective) {
       "reruns every layer): drop one of the two");
 }
 
+TEST(Spec, OptimizerOverlapReachesTheConfigAndNeedsNoClipping) {
+  EXPECT_FALSE(TrainConfig().optimizer.overlap);
+  auto on = ToTrainConfig(*ParseTrainSpecJson(R"({"optimizer": {"overlap": true, "grad_clip": 0}})"));
+  ASSERT_TRUE(on.ok()) << on.status();
+  EXPECT_TRUE(on->optimizer.overlap);
+  // The default grad_clip (1.0) clips: refused, naming both fields and the fix.
+  auto clipped = ToTrainConfig(*ParseTrainSpecJson(R"({"optimizer": {"overlap": true}})"));
+  EXPECT_EQ(clipped.status().message(),
+            "spec.optimizer.overlap needs optimizer.grad_clip 0: global-norm clipping needs every gradient before the "
+            "first layer is updated; set optimizer.grad_clip 0, or optimizer.overlap false to clip (got grad_clip 1)");
+  auto ranks = ToTrainConfig(*ParseTrainSpecJson(R"({"optimizer": {"overlap": true, "grad_clip": 0}, "gpus": 2})"));
+  EXPECT_EQ(ranks.status().message(),
+            "spec.optimizer.overlap runs on one rank: with spec.gpus > 1 the gradient reduction is what runs inside "
+            "backward; set optimizer.overlap false or gpus 1 (got gpus 2)");
+}
+
 TEST(Spec, KernelTuningReachesTheConfigAndIsBounded) {
   auto c = ToTrainConfig(*ParseTrainSpecJson(R"({"kernel_tuning": {"linear_cross_entropy_chunk_rows": 512}})"));
   ASSERT_TRUE(c.ok()) << c.status();

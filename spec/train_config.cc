@@ -115,6 +115,18 @@ absl::Status TrainConfig::Validate() const {
            .ok()) {
     return s;
   }
+  if (optimizer.overlap && optimizer.grad_clip > 0) {
+    return Invalid("optimizer.overlap",
+                   "needs optimizer.grad_clip 0: global-norm clipping needs every gradient before the first layer "
+                   "is updated; set optimizer.grad_clip 0, or optimizer.overlap false to clip",
+                   absl::StrCat("grad_clip ", optimizer.grad_clip));
+  }
+  if (optimizer.overlap && gpus > 1) {
+    return Invalid("optimizer.overlap",
+                   "runs on one rank: with spec.gpus > 1 the gradient reduction is what runs inside backward; set "
+                   "optimizer.overlap false or gpus 1",
+                   absl::StrCat("gpus ", gpus));
+  }
   if (schedule.kind != "constant" && schedule.kind != "cosine") {
     return Invalid("schedule.kind", "must be \"constant\" or \"cosine\"", schedule.kind);
   }

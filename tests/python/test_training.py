@@ -254,3 +254,53 @@ def test_full_checkpoint_layers_give_the_losses_of_none(tmp_path):
     code, _, result, _ = run_worker(dict(base, activation_checkpointing="full", full_checkpoint_layers=1), tmp_path,
                                     check=False)
     assert code == 2 and result["message"].startswith("spec.full_checkpoint_layers applies with")
+
+
+@pytest.mark.parametrize("case", ["plain", "accum2_fused_projections", "tied_full_checkpointing", "lora_accum2"])
+def test_optimizer_overlap_is_bit_identical_without_clipping(tmp_path, case):
+    """spec.optimizer.overlap (fp32, CPU, grad_clip 0): each layer's AdamW update inside backward
+    gives bit for bit the losses, weights and optimizer state of the update after backward, with
+    gradient accumulation (overlap on the last micro-batch), fused projections (q/k/v gradients
+    sharing one buffer), tied embeddings (two uses, one accumulation) and full activation
+    checkpointing (the layer's gradients come out of a recomputation), and LoRA adapters."""
+    base = {"model": {"preset": "tiny"}, "steps": 5, "batch_size": 4, "seq_len": 32, "device": "cpu", "seed": 7,
+            "data": {"shuffle": True, "seed": 3}, "optimizer": {"lr": 3e-3, "grad_clip": 0}}
+    weights = "model.safetensors"
+    if case == "accum2_fused_projections":
+        base.update(grad_accum_steps=2, kernel_tuning={"fused_projections": True})
+    elif case == "tied_full_checkpointing":
+        make_hf_model("mha_tied_headdim", tmp_path / "m", seed=1)
+        base.update(model={"weights_path": str(tmp_path / "m")}, activation_checkpointing="full")
+    elif case == "lora_accum2":
+        base.update(grad_accum_steps=2, lora={"rank": 4})
+        weights = "adapter_model.safetensors"
+    runs = {}
+    for overlap in (False, True):
+        ck = tmp_path / f"ck-{overlap}"
+        spec = dict(base, checkpoint={"dir": str(ck)})
+        spec["optimizer"] = dict(base["optimizer"], overlap=overlap)
+        _, steps, result, _ = run_worker(spec, tmp_path)
+        assert result["outcome"] == "SUCCEEDED", result
+        runs[overlap] = (steps, ck / "step-00000005")
+    (plain, plain_ck), (over, over_ck) = runs[False], runs[True]
+    assert [s["loss"] for s in over] == [s["loss"] for s in plain]
+    for a, b in zip(plain, over):  # the norm is summed group by group: equal to rounding
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-6)
+    for f in (weights, "optimizer.safetensors"):
+        assert (over_ck / f).read_bytes() == (plain_ck / f).read_bytes(), f
+
+
+def test_optimizer_overlap_resumes_a_plain_run_and_needs_no_clipping(tmp_path):
+    """A checkpoint written without overlap resumes with it (the state is the same) and continues with
+    the uninterrupted run's losses; overlap with clipping on is refused, naming the fields."""
+    base = {"model": {"preset": "tiny"}, "steps": 6, "batch_size": 4, "seq_len": 32, "device": "cpu", "seed": 7,
+            "optimizer": {"lr": 3e-3, "grad_clip": 0}}
+    _, full, _, _ = run_worker(base, tmp_path)
+    ck = tmp_path / "ck"
+    run_worker(dict(base, steps=3, checkpoint={"dir": str(ck)}), tmp_path)
+    _, rest, result, err = run_worker(dict(base, checkpoint={"dir": str(ck)},
+                                           optimizer=dict(base["optimizer"], overlap=True)), tmp_path)
+    assert "resumed from " + str(ck / "step-00000003") in err and result["outcome"] == "SUCCEEDED"
+    assert [s["loss"] for s in rest] == pytest.approx([s["loss"] for s in full[3:]], rel=1e-6, abs=0)
+    code, _, result, _ = run_worker(dict(base, optimizer={"overlap": True}), tmp_path, check=False)
+    assert code == 2 and result["message"].startswith("spec.optimizer.overlap needs optimizer.grad_clip 0")

@@ -1,7 +1,8 @@
 // The training loop. Step order (fixed): fetch -> forward/backward per micro-batch (accumulate)
 // -> grad norm -> finite check on loss and grad norm (on the device) -> clip -> AdamW step
 // (skipped when the check failed) -> report -> checkpoint. A failed finite check stops the run
-// after checkpointing the last good state.
+// after checkpointing the last good state. With spec.optimizer.overlap the norm, the finite check
+// and the update run group by group inside the last micro-batch's backward (optimizer.h).
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -242,6 +243,7 @@ bool TrainingRun::Setup() {
     }
   }
   opt_.emplace(opt_params, cfg_.optimizer, cfg_.fp32_master_weights, kernels_[KernelOp::kAdamW]);
+  if (cfg_.optimizer.overlap) opt_->EnableOverlap();  // one GPU only (validated): the reducer hooks the same tensors
 
   state_.batch_size = global_batch;
   state_.seq_len = cfg_.seq_len;
@@ -491,6 +493,10 @@ bool TrainingRun::Step(int64_t step) {
   torch::Tensor count = torch::full({}, static_cast<double>(std::max<int64_t>(loss_tokens, 1)),
                                     torch::TensorOptions().dtype(torch::kFloat).device(device_));
   torch::Tensor loss_acc = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
+  const double lr = LearningRate(cfg_.optimizer, cfg_.schedule, step, cfg_.steps);
+  // spec.optimizer.overlap: the last micro-batch's backward updates each layer as its gradients
+  // become final (optimizer.h); grad_clip is 0 and there is one rank there (validated).
+  const bool overlap = cfg_.optimizer.overlap;
   for (size_t i = 0; i < batches.size(); ++i) {
     auto& b = batches[i];
     if (reducer_ && i + 1 == batches.size()) reducer_->Arm();  // this backward completes the gradients
@@ -499,6 +505,7 @@ bool TrainingRun::Step(int64_t step) {
       RECORD_USER_SCOPE(kPhaseForward);
       loss = model_->LossMean(b.ids, b.labels, count, b.layout);
     }
+    if (overlap && i + 1 == batches.size()) opt_->BeginOverlap(lr, loss_acc + loss.detach());
     {
       RECORD_USER_SCOPE(kPhaseBackward);
       loss.backward();
@@ -512,20 +519,25 @@ bool TrainingRun::Step(int64_t step) {
   mark(1);
   at::RecordFunction optimizer_scope(at::RecordScope::USER_SCOPE);
   if (optimizer_scope.isActive()) optimizer_scope.before(kPhaseOptimizer);
-  // Every rank holds every reduced gradient, so the norm is the global one without communication.
-  auto norm = owner_.empty() ? opt_->GradNorm() : [&] {
-    std::vector<torch::Tensor> grads;
-    for (auto& t : trainable_) grads.push_back(t.grad());
-    return GradNorm(grads, kernels_[KernelOp::kAdamW]);
-  }();
-  // The finite check runs on the device: a non-finite loss or norm skips the update inside the
-  // fused kernel (found_inf), so the host synchronises once per step, after the optimizer's
-  // kernels are queued, rather than between backward and the update.
-  auto found_inf = torch::logical_not(torch::isfinite(loss_acc).logical_and(torch::isfinite(norm))).to(torch::kFloat);
-  if (cfg_.optimizer.grad_clip > 0) opt_->Clip(norm, cfg_.optimizer.grad_clip);
-  const double lr = LearningRate(cfg_.optimizer, cfg_.schedule, step, cfg_.steps);
-  mark(2);
-  opt_->Step(lr, found_inf);
+  torch::Tensor norm;
+  if (overlap) {
+    norm = opt_->EndOverlap();
+    mark(2);
+  } else {
+    // Every rank holds every reduced gradient, so the norm is the global one without communication.
+    norm = owner_.empty() ? opt_->GradNorm() : [&] {
+      std::vector<torch::Tensor> grads;
+      for (auto& t : trainable_) grads.push_back(t.grad());
+      return GradNorm(grads, kernels_[KernelOp::kAdamW]);
+    }();
+    // The finite check runs on the device: a non-finite loss or norm skips the update inside the
+    // fused kernel (found_inf), so the host synchronises once per step, after the optimizer's
+    // kernels are queued, rather than between backward and the update.
+    auto found_inf = torch::logical_not(torch::isfinite(loss_acc).logical_and(torch::isfinite(norm))).to(torch::kFloat);
+    if (cfg_.optimizer.grad_clip > 0) opt_->Clip(norm, cfg_.optimizer.grad_clip);
+    mark(2);
+    opt_->Step(lr, found_inf);
+  }
   model_->WeightsChanged();  // FP8 copies of the weights are made again before the next forward
   opt_->ZeroGrad();
   if (!owner_.empty()) {
@@ -538,10 +550,18 @@ bool TrainingRun::Step(int64_t step) {
   const double loss_v = both[0].item<double>(), norm_v = both[1].item<double>();
   if (!std::isfinite(loss_v) || !std::isfinite(norm_v)) {
     sum_.final_loss = loss_v;
+    const std::string what = absl::StrCat("non-finite ", std::isfinite(loss_v) ? "gradient norm" : "loss", " at step ",
+                                          step + 1, " (loss ", loss_v, ", grad norm ", norm_v, "); ");
+    if (overlap && std::isfinite(loss_v)) {
+      // The layers updated before the first non-finite gradient keep their update: that state is
+      // not the last good one, so it is not written.
+      return Fail(Outcome::kNonFinite,
+                  absl::StrCat(what, "with optimizer.overlap the layers whose gradients came before it were updated, "
+                                     "so this state is not checkpointed; resume from the last checkpoint (lower "
+                                     "optimizer.lr, or set optimizer.overlap false and use grad_clip)"));
+    }
     if (!Checkpoint()) return false;
-    return Fail(Outcome::kNonFinite, absl::StrCat("non-finite ", std::isfinite(loss_v) ? "gradient norm" : "loss",
-                                                  " at step ", step + 1, " (loss ", loss_v, ", grad norm ", norm_v,
-                                                  "); the update was skipped (lower optimizer.lr or use grad_clip)"));
+    return Fail(Outcome::kNonFinite, absl::StrCat(what, "the update was skipped (lower optimizer.lr or use grad_clip)"));
   }
   if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
   if (world_ > 1) ShareRankStats();
