@@ -34,4 +34,18 @@ inline constexpr uint8_t kFp8NaN = 0x7F;
 cudaError_t Fp8CastAmax(const DeviceProps& props, DType dtype, Fp8Format format, const void* x, int64_t n,
                         uint8_t* out, float* amax, float* scale_inv, cudaStream_t stream);
 
+// The casts fused into the producers of the fp8 set's GEMM inputs (the value is never stored in bf16):
+// the same amax, scale_inv and out contract as Fp8CastAmax, over the producer's fp32 value.
+//
+// SwiGluFp8: value = silu(gate) * up (as kernels/swiglu.h computes it), n elements of `dtype` each.
+cudaError_t SwiGluFp8(const DeviceProps& props, DType dtype, Fp8Format format, const void* gate, const void* up,
+                      int64_t n, uint8_t* out, float* amax, float* scale_inv, cudaStream_t stream);
+
+// RmsNormFp8: x [rows, n] row-major and w [n] of `dtype`; value = (x * rstd) * w, each product rounded to
+// fp32, with rstd (=) [rows] fp32 = rsqrtf(mean(x^2) + eps) per row (what RmsNormBackward takes). out:
+// rows * n bytes. rows >= 0, 1 <= n < 2^31.
+cudaError_t RmsNormFp8(const DeviceProps& props, DType dtype, Fp8Format format, const void* x, const void* w,
+                       int64_t rows, int64_t n, float eps, float* rstd, uint8_t* out, float* amax, float* scale_inv,
+                       cudaStream_t stream);
+
 }  // namespace ftd::kernels

@@ -73,4 +73,35 @@ std::vector<uint8_t> Fp8Cast(const std::vector<float>& x, float scale, Fp8Format
   return out;
 }
 
+std::vector<double> RmsNormRstd(const std::vector<float>& x, int64_t rows, int64_t n, float eps) {
+  std::vector<double> rstd(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[r * n + i]) * x[r * n + i];
+    rstd[r] = 1.0 / std::sqrt(ss / static_cast<double>(n) + eps);
+  }
+  return rstd;
+}
+
+std::vector<float> RmsNormValues(const std::vector<float>& x, const std::vector<float>& w,
+                                 const std::vector<float>& rstd, int64_t rows, int64_t n) {
+  std::vector<float> y(x.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float xr = x[r * n + i] * rstd[r];  // rounded to fp32 here, as the kernel does
+      y[r * n + i] = xr * w[i];
+    }
+  }
+  return y;
+}
+
+std::vector<float> SiluProduct(const std::vector<float>& gate, const std::vector<float>& up) {
+  std::vector<float> y(gate.size());
+  for (size_t i = 0; i < gate.size(); ++i) {
+    const float g = gate[i], s = 1.f / (1.f + std::exp(-g));
+    y[i] = g * s * up[i];
+  }
+  return y;
+}
+
 }  // namespace ftd::kernels::ref

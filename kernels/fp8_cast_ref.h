@@ -25,4 +25,14 @@ float Fp8Scale(float amax, Fp8Format f);
 // out[i] = Fp8FromFloat(x[i] * scale) with the product rounded to fp32; NaN and +-Inf give kFp8NaN.
 std::vector<uint8_t> Fp8Cast(const std::vector<float>& x, float scale, Fp8Format f);
 
+// The values the fused casts (RmsNormFp8, SwiGluFp8) cast, in fp32 as the kernels compute them:
+// RMSNorm's rstd per row in double (1 / sqrt(mean(x^2) + eps); the kernel sums in another order);
+// (x * rstd) * w with each product rounded to fp32, given the rstd the kernel used (then exact);
+// silu(gate) * up = gate * (1 / (1 + exp(-gate))) * up in fp32 (the device's expf may differ from the
+// host's by an ulp or two, so a cast of it is exact except next to a rounding boundary).
+std::vector<double> RmsNormRstd(const std::vector<float>& x, int64_t rows, int64_t n, float eps);
+std::vector<float> RmsNormValues(const std::vector<float>& x, const std::vector<float>& w,
+                                 const std::vector<float>& rstd, int64_t rows, int64_t n);
+std::vector<float> SiluProduct(const std::vector<float>& gate, const std::vector<float>& up);
+
 }  // namespace ftd::kernels::ref

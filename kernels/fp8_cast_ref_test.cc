@@ -14,6 +14,8 @@
 #include <random>
 #include <vector>
 
+#include "kernels/rmsnorm_ref.h"
+#include "kernels/swiglu_ref.h"
 #include "kernels/test_util.h"
 
 namespace ftd::kernels {
@@ -117,6 +119,33 @@ TEST(Fp8Ref, ScaleAndCast) {
                                      ref::Fp8FromFloat(112.f, F::kE4M3)};
   EXPECT_EQ(out, want);
   EXPECT_EQ(ref::AmaxFinite({nan, inf}), 0.f);
+}
+
+// The fused casts' values against the RMSNorm and SwiGLU references in double: within fp32 rounding.
+TEST(Fp8Ref, FusedCastValuesMatchTheNormAndSwiGluReferences) {
+  std::mt19937_64 rng(TestSeed());
+  const int64_t rows = 5, n = 67;
+  const std::vector<double> xd = Quantized(RandomNormal(rows * n, 0, 2, rng), DType::kF32),
+                            wd = Quantized(RandomNormal(n, 1, 0.5, rng), DType::kF32);
+  const std::vector<float> x(xd.begin(), xd.end()), w(wd.begin(), wd.end());
+  std::vector<double> y, rstd;
+  ref::RmsNormForward(xd, wd, rows, n, 1e-5, &y, &rstd);
+  const std::vector<double> mine = ref::RmsNormRstd(x, rows, n, 1e-5f);
+  std::vector<float> rstd_f;
+  for (int64_t r = 0; r < rows; ++r) {
+    EXPECT_NEAR(mine[r], rstd[r], 1e-6 * rstd[r]) << r << SeedNote();
+    rstd_f.push_back(static_cast<float>(rstd[r]));
+  }
+  const std::vector<float> got = ref::RmsNormValues(x, w, rstd_f, rows, n);
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], y[i], 4e-7 * std::fabs(y[i]) + 1e-30) << i << SeedNote();
+
+  const std::vector<double> gd = Quantized(RandomNormal(1000, 0, 4, rng), DType::kF32),
+                            ud = Quantized(RandomNormal(1000, 0, 1, rng), DType::kF32);
+  std::vector<double> want;
+  ref::SwiGluForward(gd, ud, &want);
+  const std::vector<float> sw = ref::SiluProduct(std::vector<float>(gd.begin(), gd.end()),
+                                                 std::vector<float>(ud.begin(), ud.end()));
+  for (size_t i = 0; i < sw.size(); ++i) EXPECT_NEAR(sw[i], want[i], 1e-6 * std::fabs(want[i]) + 1e-30) << i << SeedNote();
 }
 
 }  // namespace

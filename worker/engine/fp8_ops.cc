@@ -12,6 +12,7 @@
 
 #include "kernels/fp8_cast.h"
 #include "kernels/launch_plan.h"
+#include "worker/engine/fused_ops.h"
 #endif
 
 namespace ftd::engine::fp8 {
@@ -62,12 +63,16 @@ k::Fp8Format FormatOf(torch::ScalarType t) {
   return t == torch::kFloat8_e4m3fn ? k::Fp8Format::kE4M3 : k::Fp8Format::kE5M2;
 }
 
+k::DType KDTypeOf(const torch::Tensor& x) {
+  TORCH_CHECK(x.scalar_type() == torch::kBFloat16 || x.scalar_type() == torch::kFloat,
+              "fp8: the source must be bf16 or fp32 (got ", x.scalar_type(), ")");
+  return x.scalar_type() == torch::kFloat ? k::DType::kF32 : k::DType::kBF16;
+}
+
 // x (contiguous) cast into `data` (x's shape, an FP8 dtype) with stats = [amax, scale_inv] (fp32 [2]).
 void QuantizeInto(const torch::Tensor& x, const torch::Tensor& data, const torch::Tensor& stats) {
   TORCH_CHECK(x.is_cuda() && x.is_contiguous(), "fp8: the source must be a contiguous CUDA tensor");
-  TORCH_CHECK(x.scalar_type() == torch::kBFloat16 || x.scalar_type() == torch::kFloat,
-              "fp8: the source must be bf16 or fp32 (got ", x.scalar_type(), ")");
-  const k::DType dt = x.scalar_type() == torch::kFloat ? k::DType::kF32 : k::DType::kBF16;
+  const k::DType dt = KDTypeOf(x);
   auto* s = stats.data_ptr<float>();
   RECORD_FUNCTION("ftd::fp8_cast", c10::ArrayRef<const c10::IValue>{});
   const cudaError_t e = k::Fp8CastAmax(PropsFor(x.get_device()), dt, FormatOf(data.scalar_type()), x.data_ptr(),
@@ -95,26 +100,72 @@ torch::Tensor PadRows(const torch::Tensor& t, int64_t rows) {
   return torch::constant_pad_nd(t, {0, 0, 0, rows - t.size(0)});
 }
 
+// The GEMMs of the projections of one input, given its E4M3 copy x8 [mp, in] (rows padded to a multiple
+// of 16 with zero rows, which change neither the amax nor any sum over rows in backward): y_i = x W_i^T,
+// the first m rows, in x's shape with the last dimension N_i. `saved` gets x8 and every weight's E4M3 copy.
+variable_list ForwardGemms(const Fp8Tensor& x8, at::TensorList ws, WeightCache* cache, std::vector<int64_t> shape,
+                           torch::ScalarType dtype, variable_list* saved) {
+  const int64_t m = c10::multiply_integers(shape.begin(), shape.end() - 1);
+  saved->insert(saved->end(), {x8.data, x8.scale_inv});
+  variable_list out;
+  for (const auto& w : ws) {
+    const Fp8Tensor& w8 = cache->Get(w);
+    auto y = MatmulNT(x8, w8, dtype);
+    shape.back() = w.size(0);
+    out.push_back(y.narrow(0, 0, m).view(shape));
+    saved->insert(saved->end(), {w8.data, w8.scale_inv});
+  }
+  return out;
+}
+
+// The backward of ForwardGemms from saved[first..] (x8, then the weights' copies): dW_i into
+// (*out)[dw_slot + i] where wanted, and returns dx [m, in] in `dtype` (the sum over i of dy_i W_i,
+// accumulated in fp32 when there are several projections; undefined unless want_dx).
+torch::Tensor BackwardGemms(AutogradContext* ctx, const variable_list& saved, size_t first, const variable_list& grads,
+                            int64_t m, torch::ScalarType dtype, bool want_dx, size_t dw_slot, variable_list* out) {
+  const int64_t n = static_cast<int64_t>(grads.size());
+  const Fp8Tensor x8{saved[first], saved[first + 1]};
+  const int64_t mp = x8.data.size(0), in = x8.data.size(1);
+  const auto dx_dtype = n > 1 ? torch::kFloat : dtype;
+  torch::Tensor dx;
+  Fp8Tensor x8t;  // [in, mp]: the second operand of every dW
+  for (int64_t i = 0; i < n; ++i) {
+    if (!grads[i].defined()) continue;  // an unused projection contributes nothing
+    const Fp8Tensor w8{saved[first + 2 + 2 * i], saved[first + 3 + 2 * i]};
+    const Fp8Tensor g8 = Quantize(PadRows(grads[i].reshape({m, -1}), mp), torch::kFloat8_e5m2);  // [mp, N]
+    if (want_dx) {
+      auto part = MatmulNT(g8, Transposed(w8), dx_dtype);  // [mp, N] x [N, in]
+      dx = dx.defined() ? dx.add_(part) : part;
+    }
+    if (ctx->needs_input_grad(dw_slot + i)) {
+      if (!x8t.data.defined()) x8t = Transposed(x8);
+      (*out)[dw_slot + i] = MatmulNT(Transposed(g8), x8t, dtype);  // [N, mp] x [mp, in]
+    }
+  }
+  if (!want_dx) return {};
+  if (!dx.defined()) return torch::zeros({m, in}, x8.data.options().dtype(dtype));
+  return dx.narrow(0, 0, m).to(dtype);
+}
+
+// An FP8 tensor of `rows` x `cols` with rows padded to a multiple of 16 (zero bytes, FP8 zero), and its
+// [amax, scale_inv] buffer.
+Fp8Tensor MakePadded(int64_t rows, int64_t cols, const torch::Tensor& like, torch::Tensor* stats) {
+  const int64_t rp = RoundUp(rows);
+  *stats = torch::empty({2}, like.options().dtype(torch::kFloat));
+  auto data = torch::empty({rp, cols}, like.options().dtype(torch::kFloat8_e4m3fn));
+  if (rp > rows) data.narrow(0, rows, rp - rows).view(torch::kUInt8).zero_();
+  return {data, stats->select(0, 1)};
+}
+
 // Inputs (flattened by LibTorch): x, then n weights, then the cache's address; outputs: n projections.
 struct LinearsFn : public torch::autograd::Function<LinearsFn> {
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& x, at::TensorList ws, int64_t cache_addr) {
-    auto* cache = reinterpret_cast<WeightCache*>(cache_addr);
-    const int64_t n = static_cast<int64_t>(ws.size()), in = x.size(-1), m = x.numel() / in, mp = RoundUp(m);
-    // Rows padded to a multiple of 16 (only odd token counts): the padding rows are zeros, which change
-    // neither the amax nor, in backward, any sum over rows.
-    const Fp8Tensor x8 = Quantize(PadRows(x.reshape({m, in}), mp), torch::kFloat8_e4m3fn);
-    variable_list out, saved = {x8.data, x8.scale_inv};
-    auto shape = x.sizes().vec();
-    for (int64_t i = 0; i < n; ++i) {
-      const Fp8Tensor& w8 = cache->Get(ws[i]);
-      auto y = MatmulNT(x8, w8, x.scalar_type());
-      shape.back() = ws[i].size(0);
-      out.push_back(y.narrow(0, 0, m).view(shape));
-      saved.push_back(w8.data);
-      saved.push_back(w8.scale_inv);
-    }
+    const int64_t in = x.size(-1), m = x.numel() / in;
+    const Fp8Tensor x8 = Quantize(PadRows(x.reshape({m, in}), RoundUp(m)), torch::kFloat8_e4m3fn);
+    variable_list saved;
+    auto out = ForwardGemms(x8, ws, reinterpret_cast<WeightCache*>(cache_addr), x.sizes().vec(), x.scalar_type(),
+                            &saved);
     ctx->save_for_backward(saved);
-    ctx->saved_data["n"] = n;
     ctx->saved_data["m"] = m;
     ctx->saved_data["x_shape"] = x.sizes().vec();
     ctx->saved_data["dtype"] = x.scalar_type();
@@ -122,35 +173,98 @@ struct LinearsFn : public torch::autograd::Function<LinearsFn> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const int64_t n = ctx->saved_data["n"].toInt(), m = ctx->saved_data["m"].toInt();
-    const auto dtype = ctx->saved_data["dtype"].toScalarType();
-    const Fp8Tensor x8{saved[0], saved[1]};
-    const int64_t mp = x8.data.size(0), in = x8.data.size(1);
-    const bool want_dx = ctx->needs_input_grad(0);
-    // dx = sum_i dy_i W_i, accumulated in fp32 when there are several projections.
-    const auto dx_dtype = n > 1 ? torch::kFloat : dtype;
-    torch::Tensor dx;
-    Fp8Tensor x8t;  // [in, mp]: the second operand of every dW
-    variable_list out(static_cast<size_t>(n + 2));
-    for (int64_t i = 0; i < n; ++i) {
-      if (!grads[i].defined()) continue;  // an unused projection contributes nothing
-      const Fp8Tensor w8{saved[2 + 2 * i], saved[3 + 2 * i]};
-      const Fp8Tensor g8 = Quantize(PadRows(grads[i].reshape({m, -1}), mp), torch::kFloat8_e5m2);  // [mp, N]
-      if (want_dx) {
-        auto part = MatmulNT(g8, Transposed(w8), dx_dtype);  // [mp, N] x [N, in]
-        dx = dx.defined() ? dx.add_(part) : part;
-      }
-      if (ctx->needs_input_grad(1 + i)) {
-        if (!x8t.data.defined()) x8t = Transposed(x8);
-        out[1 + i] = MatmulNT(Transposed(g8), x8t, dtype);  // [N, mp] x [mp, in]
-      }
-    }
-    if (want_dx) {
-      if (!dx.defined()) dx = torch::zeros({mp, in}, x8.data.options().dtype(dtype));
-      out[0] = dx.narrow(0, 0, m).to(dtype).view(ctx->saved_data["x_shape"].toIntVector());
-    }
+    const int64_t m = ctx->saved_data["m"].toInt();
+    variable_list out(grads.size() + 2);
+    auto dx = BackwardGemms(ctx, ctx->get_saved_variables(), 0, grads, m, ctx->saved_data["dtype"].toScalarType(),
+                            ctx->needs_input_grad(0), 1, &out);
+    if (dx.defined()) out[0] = dx.view(ctx->saved_data["x_shape"].toIntVector());
     return out;  // the last entry, for the cache's address, stays undefined
+  }
+};
+
+// RMSNorm, its output cast to E4M3 in the same kernel (kernels::RmsNormFp8), then the projections.
+// Inputs: x, the norm's weight, n weights, eps, the cache's address. Saves x, the norm's weight and rstd
+// (the norm's backward) and the E4M3 output; the bf16 norm output is never made.
+struct NormLinearsFn : public torch::autograd::Function<NormLinearsFn> {
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& x_in, const torch::Tensor& nw,
+                               at::TensorList ws, double eps, int64_t cache_addr) {
+    TORCH_CHECK(x_in.is_cuda() && nw.scalar_type() == x_in.scalar_type() && nw.dim() == 1 &&
+                    nw.size(0) == x_in.size(-1),
+                "fp8 norm: x on CUDA and the norm's weight [", x_in.size(-1), "] of x's dtype");
+    auto x = x_in.contiguous();
+    auto w = nw.contiguous();
+    const int64_t in = x.size(-1), m = x.numel() / in;
+    torch::Tensor stats;
+    const Fp8Tensor x8 = MakePadded(m, in, x, &stats);
+    auto rstd = torch::empty({m}, x.options().dtype(torch::kFloat));
+    auto* s = stats.data_ptr<float>();
+    RECORD_FUNCTION("ftd::rmsnorm_fp8", c10::ArrayRef<const c10::IValue>{});
+    const cudaError_t e = k::RmsNormFp8(PropsFor(x.get_device()), KDTypeOf(x), k::Fp8Format::kE4M3, x.data_ptr(),
+                                        w.data_ptr(), m, in, static_cast<float>(eps), rstd.data_ptr<float>(),
+                                        static_cast<uint8_t*>(x8.data.data_ptr()), s, s + 1,
+                                        at::cuda::getCurrentCUDAStream().stream());
+    TORCH_CHECK(e == cudaSuccess, "RmsNormFp8 failed: ", cudaGetErrorString(e));
+    variable_list saved = {x, w, rstd};
+    auto out = ForwardGemms(x8, ws, reinterpret_cast<WeightCache*>(cache_addr), x.sizes().vec(), x.scalar_type(),
+                            &saved);
+    ctx->save_for_backward(saved);
+    ctx->saved_data["m"] = m;
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto& x = saved[0];
+    variable_list out(grads.size() + 4);
+    const bool want = ctx->needs_input_grad(0) || ctx->needs_input_grad(1);
+    auto dh = BackwardGemms(ctx, saved, 3, grads, ctx->saved_data["m"].toInt(), x.scalar_type(), want, 2, &out);
+    if (want) {
+      auto [dx, dw] = fused::RmsNormBackward(dh.view(x.sizes()), x, saved[1], saved[2]);
+      out[0] = dx;
+      out[1] = dw;
+    }
+    return out;
+  }
+};
+
+// SwiGLU, its output cast to E4M3 in the same kernel (kernels::SwiGluFp8), then the projection(s).
+// Inputs: gate, up, n weights, the cache's address. Saves gate and up (SwiGLU's backward) and the E4M3
+// output; the bf16 product is never made.
+struct SwiGluLinearsFn : public torch::autograd::Function<SwiGluLinearsFn> {
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& gate_in, const torch::Tensor& up_in,
+                               at::TensorList ws, int64_t cache_addr) {
+    TORCH_CHECK(gate_in.is_cuda() && gate_in.sizes() == up_in.sizes() && gate_in.scalar_type() == up_in.scalar_type(),
+                "fp8 swiglu: gate and up on CUDA, of one shape and dtype");
+    auto gate = gate_in.contiguous(), up = up_in.contiguous();
+    const int64_t in = gate.size(-1), m = gate.numel() / in;
+    torch::Tensor stats;
+    const Fp8Tensor s8 = MakePadded(m, in, gate, &stats);
+    auto* s = stats.data_ptr<float>();
+    RECORD_FUNCTION("ftd::swiglu_fp8", c10::ArrayRef<const c10::IValue>{});
+    const cudaError_t e = k::SwiGluFp8(PropsFor(gate.get_device()), KDTypeOf(gate), k::Fp8Format::kE4M3,
+                                       gate.data_ptr(), up.data_ptr(), m * in, static_cast<uint8_t*>(s8.data.data_ptr()),
+                                       s, s + 1, at::cuda::getCurrentCUDAStream().stream());
+    TORCH_CHECK(e == cudaSuccess, "SwiGluFp8 failed: ", cudaGetErrorString(e));
+    variable_list saved = {gate, up};
+    auto out = ForwardGemms(s8, ws, reinterpret_cast<WeightCache*>(cache_addr), gate.sizes().vec(),
+                            gate.scalar_type(), &saved);
+    ctx->save_for_backward(saved);
+    ctx->saved_data["m"] = m;
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto& gate = saved[0];
+    variable_list out(grads.size() + 3);
+    const bool want = ctx->needs_input_grad(0) || ctx->needs_input_grad(1);
+    auto ds = BackwardGemms(ctx, saved, 2, grads, ctx->saved_data["m"].toInt(), gate.scalar_type(), want, 2, &out);
+    if (want) {
+      auto [dgate, dup] = fused::SwiGluBackward(ds.view(gate.sizes()), gate, saved[1]);
+      out[0] = dgate;
+      out[1] = dup;
+    }
+    return out;
   }
 };
 
@@ -194,6 +308,17 @@ std::vector<torch::Tensor> Linears(const torch::Tensor& x, const std::vector<tor
   return LinearsFn::apply(x, at::TensorList(ws), static_cast<int64_t>(reinterpret_cast<intptr_t>(cache)));
 }
 
+std::vector<torch::Tensor> NormLinears(const torch::Tensor& x, const torch::Tensor& norm_w, double eps,
+                                       const std::vector<torch::Tensor>& ws, WeightCache* cache) {
+  return NormLinearsFn::apply(x, norm_w, at::TensorList(ws), eps,
+                              static_cast<int64_t>(reinterpret_cast<intptr_t>(cache)));
+}
+
+std::vector<torch::Tensor> SwiGluLinears(const torch::Tensor& gate, const torch::Tensor& up,
+                                         const std::vector<torch::Tensor>& ws, WeightCache* cache) {
+  return SwiGluLinearsFn::apply(gate, up, at::TensorList(ws), static_cast<int64_t>(reinterpret_cast<intptr_t>(cache)));
+}
+
 #else  // built without nvcc: the fp8 set is refused before any of these is reached
 
 namespace {
@@ -207,6 +332,14 @@ Fp8Tensor Quantize(const torch::Tensor&, torch::ScalarType) { Missing(); }
 torch::Tensor MatmulNT(const Fp8Tensor&, const Fp8Tensor&, torch::ScalarType) { Missing(); }
 const Fp8Tensor& WeightCache::Get(const torch::Tensor&) { Missing(); }
 std::vector<torch::Tensor> Linears(const torch::Tensor&, const std::vector<torch::Tensor>&, WeightCache*) { Missing(); }
+std::vector<torch::Tensor> NormLinears(const torch::Tensor&, const torch::Tensor&, double,
+                                       const std::vector<torch::Tensor>&, WeightCache*) {
+  Missing();
+}
+std::vector<torch::Tensor> SwiGluLinears(const torch::Tensor&, const torch::Tensor&, const std::vector<torch::Tensor>&,
+                                         WeightCache*) {
+  Missing();
+}
 
 #endif
 

@@ -59,6 +59,17 @@ class WeightCache {
 // bf16; ws: [N_i, K]. Gradients: dx (sum over i, accumulated in fp32) and dW_i in x's dtype.
 std::vector<torch::Tensor> Linears(const torch::Tensor& x, const std::vector<torch::Tensor>& ws, WeightCache* cache);
 
+// Linears(RmsNorm(x, norm_w, eps), ws) with the norm's output written directly in E4M3 by the norm's
+// kernel (kernels::RmsNormFp8: amax and cast in the same launch, current scaling), never in bf16. Saves x,
+// rstd and the E4M3 output; gradients for x, norm_w and the weights.
+std::vector<torch::Tensor> NormLinears(const torch::Tensor& x, const torch::Tensor& norm_w, double eps,
+                                       const std::vector<torch::Tensor>& ws, WeightCache* cache);
+
+// Linears(silu(gate) * up, ws) with the product written directly in E4M3 (kernels::SwiGluFp8). Saves gate,
+// up and the E4M3 product; gradients for gate, up and the weights.
+std::vector<torch::Tensor> SwiGluLinears(const torch::Tensor& gate, const torch::Tensor& up,
+                                         const std::vector<torch::Tensor>& ws, WeightCache* cache);
+
 // Whether the model's projections fit the FP8 GEMM: every in/out width a multiple of 16.
 absl::Status CheckShapes(const LlamaConfig& c);
 

@@ -9,16 +9,23 @@
 //   - Linears (the autograd function of the q/k/v, gate/up and o/down projections), forward and
 //     backward, against the same two references, with an odd token count (padded rows) and three
 //     projections of one input (dx summed over them);
+//   - NormLinears and SwiGluLinears (the norm's and SwiGLU's outputs written in E4M3 by their own kernel)
+//     against the unfused composition (fused::RmsNorm / fused::SwiGlu in bf16, then Linears), forward
+//     and backward: the same E4M3 operands but where the bf16 rounding of the unfused path moves a value
+//     across an E4M3 rounding boundary (a few % of them, by one E4M3 step), so the outputs and dW agree
+//     to ~1%, and the input gradients (from the same E5M2 gradient and E4M3 weights) to bf16 rounding;
 //   - the weight cache: a weight changed in place is seen only after Invalidate().
 // Compute capability below 8.9 has no FP8 GEMM: the test skips there.
 #include <ATen/cuda/CUDAContext.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "worker/engine/fp8_ops.h"
+#include "worker/engine/fused_ops.h"
 
 namespace ftd::engine::fp8 {
 namespace {
@@ -120,6 +127,73 @@ TEST(Fp8OpsGpu, LinearsForwardAndBackward) {
   ASSERT_TRUE(x.grad().defined());
   EXPECT_LE(MaxRel(x.grad().reshape({111, 256}), want_dx), 1.0 / 128) << "dx";
   EXPECT_LE(FrobRel(x.grad().reshape({111, 256}), bf16_dx), 0.13) << "dx vs bf16";
+}
+
+// Runs `fused` and `unfused` (each: inputs -> outputs) on copies of `inputs` and `weights` with the
+// same output gradients; compares outputs, weight gradients and input gradients.
+void CompareWithUnfused(const std::string& name, const std::vector<torch::Tensor>& inputs,
+                        const std::vector<torch::Tensor>& weights,
+                        const std::function<std::vector<torch::Tensor>(const std::vector<torch::Tensor>&,
+                                                                       const std::vector<torch::Tensor>&)>& fused,
+                        const std::function<std::vector<torch::Tensor>(const std::vector<torch::Tensor>&,
+                                                                       const std::vector<torch::Tensor>&)>& unfused) {
+  auto leaves = [](const std::vector<torch::Tensor>& ts) {
+    std::vector<torch::Tensor> out;
+    for (const auto& t : ts) out.push_back(t.detach().clone().requires_grad_(true));
+    return out;
+  };
+  const auto in_a = leaves(inputs), w_a = leaves(weights), in_b = leaves(inputs), w_b = leaves(weights);
+  const auto ya = fused(in_a, w_a), yb = unfused(in_b, w_b);
+  ASSERT_EQ(ya.size(), yb.size()) << name;
+  torch::Tensor la = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(torch::kCUDA)), lb = la;
+  for (size_t i = 0; i < ya.size(); ++i) {
+    ASSERT_EQ(ya[i].sizes(), yb[i].sizes()) << name;
+    EXPECT_LE(FrobRel(ya[i], yb[i]), 0.02) << "output " << i << ", " << name;
+    const auto dy = torch::randn(ya[i].sizes(), Bf16());
+    la = la + (ya[i].to(torch::kFloat) * dy.to(torch::kFloat)).sum();
+    lb = lb + (yb[i].to(torch::kFloat) * dy.to(torch::kFloat)).sum();
+  }
+  la.backward();
+  lb.backward();
+  for (size_t i = 0; i < w_a.size(); ++i) {
+    ASSERT_TRUE(w_a[i].grad().defined()) << "weight " << i << ", " << name;
+    EXPECT_LE(FrobRel(w_a[i].grad(), w_b[i].grad()), 0.02) << "weight gradient " << i << ", " << name;
+  }
+  for (size_t i = 0; i < in_a.size(); ++i) {
+    ASSERT_TRUE(in_a[i].grad().defined()) << "input " << i << ", " << name;
+    EXPECT_LE(FrobRel(in_a[i].grad(), in_b[i].grad()), 0.01) << "input gradient " << i << ", " << name;
+  }
+}
+
+TEST(Fp8OpsGpu, NormAndSwiGluWithTheCastFusedMatchTheUnfusedPath) {
+  if (!HaveFp8Gpu()) GTEST_SKIP() << "no GPU with FP8 (compute capability 8.9+)";
+  const double eps = 1e-5;
+  // [3, 37] tokens (111 rows: padded to 112 inside), hidden 256; q/k/v widths 256, 64, 64.
+  const auto x = torch::randn({3, 37, 256}, Bf16()) * 3;
+  std::vector<torch::Tensor> weights = {torch::rand({256}, Bf16()) + 0.5};  // the norm's weight, then q, k, v
+  for (int64_t n : {256, 64, 64}) weights.push_back(torch::randn({n, 256}, Bf16()) * 0.02);
+  CompareWithUnfused(
+      "norm + q/k/v", {x}, weights,
+      [&](const std::vector<torch::Tensor>& in, const std::vector<torch::Tensor>& w) {
+        WeightCache cache;
+        return NormLinears(in[0], w[0], eps, {w.begin() + 1, w.end()}, &cache);
+      },
+      [&](const std::vector<torch::Tensor>& in, const std::vector<torch::Tensor>& w) {
+        WeightCache cache;
+        return Linears(fused::RmsNorm(in[0], w[0], eps), {w.begin() + 1, w.end()}, &cache);
+      });
+  // SwiGLU into down: intermediate 512 -> hidden 256.
+  const auto gate = torch::randn({3, 37, 512}, Bf16()) * 2, up = torch::randn({3, 37, 512}, Bf16());
+  CompareWithUnfused(
+      "swiglu + down", {gate, up}, {torch::randn({256, 512}, Bf16()) * 0.02},
+      [&](const std::vector<torch::Tensor>& in, const std::vector<torch::Tensor>& w) {
+        WeightCache cache;
+        return SwiGluLinears(in[0], in[1], w, &cache);
+      },
+      [&](const std::vector<torch::Tensor>& in, const std::vector<torch::Tensor>& w) {
+        WeightCache cache;
+        return Linears(fused::SwiGlu(in[0], in[1]), w, &cache);
+      });
 }
 
 TEST(Fp8OpsGpu, WeightCacheRefreshesOnlyAfterInvalidate) {

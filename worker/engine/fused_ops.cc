@@ -63,6 +63,40 @@ k::RmsNormPlan RmsNormPlanFor(k::DType dt, int64_t n) {
   return plan;
 }
 
+}  // namespace
+
+std::pair<torch::Tensor, torch::Tensor> RmsNormBackward(const torch::Tensor& dy_in, const torch::Tensor& x,
+                                                        const torch::Tensor& w_in, const torch::Tensor& rstd) {
+  TORCH_CHECK(x.is_contiguous() && rstd.scalar_type() == torch::kFloat && rstd.numel() == x.numel() / x.size(-1),
+              "rmsnorm backward: x contiguous and rstd fp32 [rows]");
+  auto w = w_in.contiguous();
+  auto dy = dy_in.contiguous();
+  const int64_t n = x.size(-1), rows = x.numel() / n;
+  auto dx = torch::empty_like(x);
+  auto dw = torch::empty_like(w);
+  auto ws = Workspace(k::RmsNormBackwardWorkspaceBytes(rows, n), x);
+  RECORD_FUNCTION("ftd::rmsnorm_backward", c10::ArrayRef<const c10::IValue>{});
+  Check(k::RmsNormBackward(RmsNormPlanFor(KDType(x, "rmsnorm x"), n), dy.data_ptr(), x.data_ptr(), w.data_ptr(),
+                           rstd.data_ptr<float>(), dx.data_ptr(), dw.data_ptr(), ws.data_ptr(), rows, Stream()),
+        "RmsNormBackward");
+  return {dx, dw};
+}
+
+std::pair<torch::Tensor, torch::Tensor> SwiGluBackward(const torch::Tensor& dout_in, const torch::Tensor& gate,
+                                                       const torch::Tensor& up) {
+  TORCH_CHECK(gate.is_contiguous() && up.is_contiguous() && gate.sizes() == up.sizes(),
+              "swiglu backward: gate and up contiguous, of one shape");
+  auto dout = dout_in.contiguous();
+  auto dgate = torch::empty_like(gate), dup = torch::empty_like(up);
+  RECORD_FUNCTION("ftd::swiglu_backward", c10::ArrayRef<const c10::IValue>{});
+  Check(k::SwiGluBackward(KDType(gate, "swiglu gate"), dout.data_ptr(), gate.data_ptr(), up.data_ptr(),
+                          dgate.data_ptr(), dup.data_ptr(), gate.numel(), Stream()),
+        "SwiGluBackward");
+  return {dgate, dup};
+}
+
+namespace {
+
 struct RmsNormFn : public torch::autograd::Function<RmsNormFn> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x_in, const torch::Tensor& w, double eps) {
     const auto dt = KDType(x_in, "rmsnorm x");
@@ -81,18 +115,7 @@ struct RmsNormFn : public torch::autograd::Function<RmsNormFn> {
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto saved = ctx->get_saved_variables();
-    const auto& x = saved[0];
-    auto w = saved[1].contiguous();
-    const auto& rstd = saved[2];
-    auto dy = grads[0].contiguous();
-    const int64_t n = x.size(-1), rows = x.numel() / n;
-    auto dx = torch::empty_like(x);
-    auto dw = torch::empty_like(w);
-    auto ws = Workspace(k::RmsNormBackwardWorkspaceBytes(rows, n), x);
-    RECORD_FUNCTION("ftd::rmsnorm_backward", c10::ArrayRef<const c10::IValue>{});
-    Check(k::RmsNormBackward(RmsNormPlanFor(KDType(x, "rmsnorm x"), n), dy.data_ptr(), x.data_ptr(), w.data_ptr(),
-                             rstd.data_ptr<float>(), dx.data_ptr(), dw.data_ptr(), ws.data_ptr(), rows, Stream()),
-          "RmsNormBackward");
+    auto [dx, dw] = RmsNormBackward(grads[0], saved[0], saved[1], saved[2]);
     return {dx, dw, torch::Tensor()};
   }
 };
@@ -143,14 +166,7 @@ struct SwiGluFn : public torch::autograd::Function<SwiGluFn> {
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto saved = ctx->get_saved_variables();
-    const auto& gate = saved[0];
-    const auto& up = saved[1];
-    auto dout = grads[0].contiguous();
-    auto dgate = torch::empty_like(gate), dup = torch::empty_like(up);
-    RECORD_FUNCTION("ftd::swiglu_backward", c10::ArrayRef<const c10::IValue>{});
-    Check(k::SwiGluBackward(KDType(gate, "swiglu gate"), dout.data_ptr(), gate.data_ptr(), up.data_ptr(),
-                            dgate.data_ptr(), dup.data_ptr(), gate.numel(), Stream()),
-          "SwiGluBackward");
+    auto [dgate, dup] = SwiGluBackward(grads[0], saved[0], saved[1]);
     return {dgate, dup};
   }
 };
@@ -355,6 +371,14 @@ namespace {
 
 bool Available() { return false; }
 torch::Tensor RmsNorm(const torch::Tensor&, const torch::Tensor&, double) { Missing(); }
+std::pair<torch::Tensor, torch::Tensor> RmsNormBackward(const torch::Tensor&, const torch::Tensor&,
+                                                        const torch::Tensor&, const torch::Tensor&) {
+  Missing();
+}
+std::pair<torch::Tensor, torch::Tensor> SwiGluBackward(const torch::Tensor&, const torch::Tensor&,
+                                                       const torch::Tensor&) {
+  Missing();
+}
 torch::Tensor Rope(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&) { Missing(); }
 torch::Tensor SwiGlu(const torch::Tensor&, const torch::Tensor&) { Missing(); }
 torch::Tensor SwiGluPacked(const torch::Tensor&) { Missing(); }

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <utility>
 
 namespace ftd::engine::fused {
 
@@ -14,10 +15,17 @@ bool Available();
 
 // y = w * x / sqrt(mean(x^2) + eps) over the last dimension. x: [..., n], w: [n], same dtype.
 torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& w, double eps);
+// RmsNorm's backward from dy and what its forward keeps (x contiguous, w, rstd [rows] fp32, as RmsNorm or
+// kernels::RmsNormFp8 computes it): {dx, dw}.
+std::pair<torch::Tensor, torch::Tensor> RmsNormBackward(const torch::Tensor& dy, const torch::Tensor& x,
+                                                        const torch::Tensor& w, const torch::Tensor& rstd);
 // Rotary embedding (HF rotate_half convention). x: [B, T, H, D] contiguous; cos, sin: [T, D/2] fp32.
 torch::Tensor Rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
 // silu(gate) * up, elementwise; same shape and dtype.
 torch::Tensor SwiGlu(const torch::Tensor& gate, const torch::Tensor& up);
+// SwiGlu's backward from dout and its contiguous inputs: {dgate, dup}.
+std::pair<torch::Tensor, torch::Tensor> SwiGluBackward(const torch::Tensor& dout, const torch::Tensor& gate,
+                                                       const torch::Tensor& up);
 // The same for gate_up [..., 2f] holding gate and up side by side in each row (a fused gate|up GEMM's
 // output), read in place -> [..., f]; backward writes the gradient of gate_up in one buffer.
 torch::Tensor SwiGluPacked(const torch::Tensor& gate_up);

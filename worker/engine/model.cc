@@ -430,10 +430,23 @@ torch::Tensor LlamaModel::DecoderLayer(const Layer& L, const torch::Tensor& x_in
   using spec::LoraTarget;
   auto lora = [&](LoraTarget t) -> const LoraAdapter& { return L.lora[static_cast<size_t>(t)]; };
   auto x = x_in;
-  auto h = Norm(x, L.input_norm);
-  auto qkv = ProjectShared(h, {L.q, L.k, L.v}, {&lora(LoraTarget::kQ), &lora(LoraTarget::kK), &lora(LoraTarget::kV)},
-                           train);
-  if (selective) RecomputeInBackward(h, qkv, [this, x, w = L.input_norm] { return Norm(x, w); });
+  // FP8 matmuls after the fused norm and SwiGLU: their outputs are written in E4M3 by those kernels
+  // (fp8::NormLinears, fp8::SwiGluLinears), never in bf16, so selective checkpointing has nothing to free.
+  const bool fp8_norm = kernels_[KernelOp::kMatmul] && kernels_[KernelOp::kRmsNorm];
+  const bool fp8_swiglu = kernels_[KernelOp::kMatmul] && kernels_[KernelOp::kSwiGlu];
+  auto norm_then = [&](const torch::Tensor& w, const std::vector<torch::Tensor>& ws,
+                       const std::vector<const LoraAdapter*>& ads) {
+    if (fp8_norm) {
+      RECORD_USER_SCOPE("ftd::op::matmul");
+      return fp8::NormLinears(x, w, config_.rms_norm_eps, ws, &fp8_weights_);
+    }
+    auto h = Norm(x, w);
+    auto ys = ProjectShared(h, ws, ads, train);
+    if (selective) RecomputeInBackward(h, ys, [this, x, w] { return Norm(x, w); });
+    return ys;
+  };
+  auto qkv = norm_then(L.input_norm, {L.q, L.k, L.v},
+                       {&lora(LoraTarget::kQ), &lora(LoraTarget::kK), &lora(LoraTarget::kV)});
   auto q = Rotate(qkv[0].view({B, T, c.num_attention_heads, c.head_dim}), T, layout);
   auto k = Rotate(qkv[1].view({B, T, c.num_key_value_heads, c.head_dim}), T, layout);
   auto v = qkv[2].view({B, T, c.num_key_value_heads, c.head_dim}).transpose(1, 2);
@@ -446,13 +459,21 @@ torch::Tensor LlamaModel::DecoderLayer(const Layer& L, const torch::Tensor& x_in
                                                   scale, /*enable_gqa=*/c.num_key_value_heads != c.num_attention_heads);
   a = a.transpose(1, 2).reshape({B, T, c.num_attention_heads * c.head_dim});
   x = x + ProjectShared(a, {L.o}, {&lora(LoraTarget::kO)}, train)[0];
-  h = Norm(x, L.post_norm);
   const std::vector<const LoraAdapter*> gate_up_ads = {&lora(LoraTarget::kGate), &lora(LoraTarget::kUp)};
   // Fused projections: SwiGLU reads the one GEMM's [gate | up] output in place.
   const bool packed = Fuses({L.gate, L.up}, gate_up_ads);
-  auto gate_up = packed ? std::vector<torch::Tensor>{ProjectFused(h, {L.gate, L.up})}
-                        : ProjectShared(h, {L.gate, L.up}, gate_up_ads, train);
-  if (selective) RecomputeInBackward(h, gate_up, [this, x, w = L.post_norm] { return Norm(x, w); });
+  std::vector<torch::Tensor> gate_up;
+  if (packed) {
+    auto h = Norm(x, L.post_norm);
+    gate_up = {ProjectFused(h, {L.gate, L.up})};
+    if (selective) RecomputeInBackward(h, gate_up, [this, x, w = L.post_norm] { return Norm(x, w); });
+  } else {
+    gate_up = norm_then(L.post_norm, {L.gate, L.up}, gate_up_ads);
+  }
+  if (fp8_swiglu) {
+    RECORD_USER_SCOPE("ftd::op::matmul");
+    return x + fp8::SwiGluLinears(gate_up[0], gate_up[1], {L.down}, &fp8_weights_)[0];
+  }
   auto swiglu = [this, packed, gate_up] { return packed ? SwiGluPacked(gate_up[0]) : SwiGlu(gate_up[0], gate_up[1]); };
   auto s = swiglu();
   auto down = ProjectShared(s, {L.down}, {&lora(LoraTarget::kDown)}, train);
