@@ -8,6 +8,7 @@
 #include <ATen/record_function.h>
 #include <c10/cuda/CUDAFunctions.h>
 
+#include <functional>
 #include <mutex>
 
 #include "kernels/fp8_cast.h"
@@ -157,6 +158,26 @@ Fp8Tensor MakePadded(int64_t rows, int64_t cols, const torch::Tensor& like, torc
   return {data, stats->select(0, 1)};
 }
 
+// The forward of a producer with the cast fused: `cast` writes the E4M3 copy of the producer's output
+// (shaped as `like`, [..., in]) into out with [amax, scale_inv] at stats; then the projections. Saves
+// `saved` (what the producer's backward needs), then the GEMMs' operands, and the row count.
+variable_list FusedCastForward(AutogradContext* ctx, const torch::Tensor& like, at::TensorList ws, int64_t cache_addr,
+                               variable_list saved, const char* what,
+                               const std::function<cudaError_t(uint8_t* out, float* stats, cudaStream_t)>& cast) {
+  const int64_t in = like.size(-1), m = like.numel() / in;
+  torch::Tensor stats;
+  const Fp8Tensor y8 = MakePadded(m, in, like, &stats);
+  RECORD_FUNCTION(what, c10::ArrayRef<const c10::IValue>{});
+  const cudaError_t e = cast(static_cast<uint8_t*>(y8.data.data_ptr()), stats.data_ptr<float>(),
+                             at::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(e == cudaSuccess, what, " failed: ", cudaGetErrorString(e));
+  auto out = ForwardGemms(y8, ws, reinterpret_cast<WeightCache*>(cache_addr), like.sizes().vec(), like.scalar_type(),
+                          &saved);
+  ctx->save_for_backward(saved);
+  ctx->saved_data["m"] = m;
+  return out;
+}
+
 // Inputs (flattened by LibTorch): x, then n weights, then the cache's address; outputs: n projections.
 struct LinearsFn : public torch::autograd::Function<LinearsFn> {
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& x, at::TensorList ws, int64_t cache_addr) {
@@ -193,23 +214,14 @@ struct NormLinearsFn : public torch::autograd::Function<NormLinearsFn> {
                 "fp8 norm: x on CUDA and the norm's weight [", x_in.size(-1), "] of x's dtype");
     auto x = x_in.contiguous();
     auto w = nw.contiguous();
-    const int64_t in = x.size(-1), m = x.numel() / in;
-    torch::Tensor stats;
-    const Fp8Tensor x8 = MakePadded(m, in, x, &stats);
+    const int64_t m = x.numel() / x.size(-1);
     auto rstd = torch::empty({m}, x.options().dtype(torch::kFloat));
-    auto* s = stats.data_ptr<float>();
-    RECORD_FUNCTION("ftd::rmsnorm_fp8", c10::ArrayRef<const c10::IValue>{});
-    const cudaError_t e = k::RmsNormFp8(PropsFor(x.get_device()), KDTypeOf(x), k::Fp8Format::kE4M3, x.data_ptr(),
-                                        w.data_ptr(), m, in, static_cast<float>(eps), rstd.data_ptr<float>(),
-                                        static_cast<uint8_t*>(x8.data.data_ptr()), s, s + 1,
-                                        at::cuda::getCurrentCUDAStream().stream());
-    TORCH_CHECK(e == cudaSuccess, "RmsNormFp8 failed: ", cudaGetErrorString(e));
-    variable_list saved = {x, w, rstd};
-    auto out = ForwardGemms(x8, ws, reinterpret_cast<WeightCache*>(cache_addr), x.sizes().vec(), x.scalar_type(),
-                            &saved);
-    ctx->save_for_backward(saved);
-    ctx->saved_data["m"] = m;
-    return out;
+    return FusedCastForward(ctx, x, ws, cache_addr, {x, w, rstd}, "ftd::rmsnorm_fp8",
+                            [&](uint8_t* out, float* stats, cudaStream_t stream) {
+                              return k::RmsNormFp8(PropsFor(x.get_device()), KDTypeOf(x), k::Fp8Format::kE4M3,
+                                                   x.data_ptr(), w.data_ptr(), m, x.size(-1), static_cast<float>(eps),
+                                                   rstd.data_ptr<float>(), out, stats, stats + 1, stream);
+                            });
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -236,21 +248,12 @@ struct SwiGluLinearsFn : public torch::autograd::Function<SwiGluLinearsFn> {
     TORCH_CHECK(gate_in.is_cuda() && gate_in.sizes() == up_in.sizes() && gate_in.scalar_type() == up_in.scalar_type(),
                 "fp8 swiglu: gate and up on CUDA, of one shape and dtype");
     auto gate = gate_in.contiguous(), up = up_in.contiguous();
-    const int64_t in = gate.size(-1), m = gate.numel() / in;
-    torch::Tensor stats;
-    const Fp8Tensor s8 = MakePadded(m, in, gate, &stats);
-    auto* s = stats.data_ptr<float>();
-    RECORD_FUNCTION("ftd::swiglu_fp8", c10::ArrayRef<const c10::IValue>{});
-    const cudaError_t e = k::SwiGluFp8(PropsFor(gate.get_device()), KDTypeOf(gate), k::Fp8Format::kE4M3,
-                                       gate.data_ptr(), up.data_ptr(), m * in, static_cast<uint8_t*>(s8.data.data_ptr()),
-                                       s, s + 1, at::cuda::getCurrentCUDAStream().stream());
-    TORCH_CHECK(e == cudaSuccess, "SwiGluFp8 failed: ", cudaGetErrorString(e));
-    variable_list saved = {gate, up};
-    auto out = ForwardGemms(s8, ws, reinterpret_cast<WeightCache*>(cache_addr), gate.sizes().vec(),
-                            gate.scalar_type(), &saved);
-    ctx->save_for_backward(saved);
-    ctx->saved_data["m"] = m;
-    return out;
+    return FusedCastForward(ctx, gate, ws, cache_addr, {gate, up}, "ftd::swiglu_fp8",
+                            [&](uint8_t* out, float* stats, cudaStream_t stream) {
+                              return k::SwiGluFp8(PropsFor(gate.get_device()), KDTypeOf(gate), k::Fp8Format::kE4M3,
+                                                  gate.data_ptr(), up.data_ptr(), gate.numel(), out, stats, stats + 1,
+                                                  stream);
+                            });
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
