@@ -10,6 +10,8 @@
 
 #include <functional>
 #include <mutex>
+#include <tuple>
+#include <utility>
 
 #include "kernels/fp8_cast.h"
 #include "kernels/launch_plan.h"
@@ -178,6 +180,22 @@ variable_list FusedCastForward(AutogradContext* ctx, const torch::Tensor& like, 
   return out;
 }
 
+// The backward of FusedCastForward: the GEMMs' (dW into slots 2.., after the producer's two inputs), then
+// `producer_backward(dy of its output, saved)` gives the gradients of the producer's two inputs. The
+// function's inputs: the producer's two, n weights, then `trailing` non-tensor ones.
+variable_list FusedCastBackward(
+    AutogradContext* ctx, const variable_list& grads, size_t first, size_t trailing,
+    const std::function<std::pair<torch::Tensor, torch::Tensor>(const torch::Tensor&, const variable_list&)>&
+        producer_backward) {
+  const auto saved = ctx->get_saved_variables();
+  const auto& in = saved[0];
+  variable_list out(grads.size() + 2 + trailing);
+  const bool want = ctx->needs_input_grad(0) || ctx->needs_input_grad(1);
+  auto dy = BackwardGemms(ctx, saved, first, grads, ctx->saved_data["m"].toInt(), in.scalar_type(), want, 2, &out);
+  if (want) std::tie(out[0], out[1]) = producer_backward(dy.view(in.sizes()), saved);
+  return out;
+}
+
 // Inputs (flattened by LibTorch): x, then n weights, then the cache's address; outputs: n projections.
 struct LinearsFn : public torch::autograd::Function<LinearsFn> {
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& x, at::TensorList ws, int64_t cache_addr) {
@@ -225,17 +243,10 @@ struct NormLinearsFn : public torch::autograd::Function<NormLinearsFn> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const auto& x = saved[0];
-    variable_list out(grads.size() + 4);
-    const bool want = ctx->needs_input_grad(0) || ctx->needs_input_grad(1);
-    auto dh = BackwardGemms(ctx, saved, 3, grads, ctx->saved_data["m"].toInt(), x.scalar_type(), want, 2, &out);
-    if (want) {
-      auto [dx, dw] = fused::RmsNormBackward(dh.view(x.sizes()), x, saved[1], saved[2]);
-      out[0] = dx;
-      out[1] = dw;
-    }
-    return out;
+    // saved: x, the norm's weight, rstd, then the GEMMs' operands; trailing inputs: eps, the cache.
+    return FusedCastBackward(ctx, grads, 3, 2, [](const torch::Tensor& dh, const variable_list& saved) {
+      return fused::RmsNormBackward(dh, saved[0], saved[1], saved[2]);
+    });
   }
 };
 
@@ -257,17 +268,10 @@ struct SwiGluLinearsFn : public torch::autograd::Function<SwiGluLinearsFn> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const auto& gate = saved[0];
-    variable_list out(grads.size() + 3);
-    const bool want = ctx->needs_input_grad(0) || ctx->needs_input_grad(1);
-    auto ds = BackwardGemms(ctx, saved, 2, grads, ctx->saved_data["m"].toInt(), gate.scalar_type(), want, 2, &out);
-    if (want) {
-      auto [dgate, dup] = fused::SwiGluBackward(ds.view(gate.sizes()), gate, saved[1]);
-      out[0] = dgate;
-      out[1] = dup;
-    }
-    return out;
+    // saved: gate, up, then the GEMMs' operands; trailing input: the cache.
+    return FusedCastBackward(ctx, grads, 2, 1, [](const torch::Tensor& ds, const variable_list& saved) {
+      return fused::SwiGluBackward(ds, saved[0], saved[1]);
+    });
   }
 };
 
