@@ -4,6 +4,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_format.h"
 #include "client/commands.h"
+#include "client/shared_flags.h"
 #include "spec/duration.h"
 
 namespace ftd::client {
@@ -76,7 +77,7 @@ Command AddPrune(CLI::App& app) {
   auto* c = app.add_subcommand("prune", "Delete finished jobs by age and state; prints their ids");
   c->add_option("--older-than", f->older_than, "finished at least this long ago: 7d, 12h, 90m (default: any age)");
   c->add_option("--state", f->states, "succeeded, failed or cancelled (repeatable; default: all three)");
-  c->add_option("--owner", f->owner, "only this owner's jobs");
+  AddOwnerFilter(c, &f->owner);
   c->add_flag("--dry-run", f->dry_run, "list what would be deleted, delete nothing");
   return {c, [f](Context& ctx) { return RunPrune(*f, ctx); }};
 }

@@ -7,6 +7,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "client/commands.h"
+#include "client/shared_flags.h"
 #include "client/output.h"
 #include "client/render.h"
 
@@ -65,8 +66,8 @@ Command AddList(CLI::App& app) {
   auto f = std::make_shared<ListFlags>();
   auto* c = app.add_subcommand("list", "List jobs, newest first");
   c->add_option("--state", f->states, "only these states (repeatable): queued, running, succeeded, failed, cancelled");
-  c->add_option("--owner", f->owner, "only this owner's jobs");
-  c->add_option("--kind", f->kind, "finetune or profile")->check(CLI::IsMember({"finetune", "profile"}));
+  AddOwnerFilter(c, &f->owner);
+  AddKindFlag(c, &f->kind);
   c->add_option("--name", f->name, "only jobs whose name matches this (a shell pattern: 'sweep-*')");
   c->add_option("--limit", f->limit, "the newest N jobs (with --oldest-first the oldest N; default: all)")
       ->check(CLI::NonNegativeNumber);

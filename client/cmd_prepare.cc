@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/commands.h"
+#include "client/shared_flags.h"
 #include "client/spec_input.h"
 #include "spec/paths.h"
 #include "spec/spec.h"
@@ -114,7 +115,7 @@ Command AddPrepare(CLI::App& app) {
                                "Tokenize a spec's JSONL dataset into the prepared-dataset cache here, once, for the jobs "
                                "that use it (runs ftd-worker prepare)");
   c->add_option("spec", f->spec_path, "TrainSpec file, JSON or YAML, or - for stdin (docs/job-spec.md)")->required();
-  c->add_option("--set", f->sets, "override a spec field: --set data.cache_dir=/data/cache");
+  AddSetFlag(c, &f->sets, "--set data.cache_dir=/data/cache");
   c->add_option("--worker", f->worker, "the ftd-worker to run (default: $FTD_WORKER, the one beside ftctl, PATH)");
   return {c, [f](Context&) { return RunPrepare(*f); }};
 }

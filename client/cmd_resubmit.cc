@@ -1,10 +1,8 @@
 // ftctl resubmit ID [--set field=value]... [--resume] [--name N] [--request-id R] [--wait]
 #include <iostream>
-#include <random>
-
-#include "absl/strings/str_format.h"
 #include "client/commands.h"
 #include "client/follow.h"
+#include "client/shared_flags.h"
 
 namespace ftd::client {
 
@@ -22,9 +20,7 @@ int RunResubmit(const ResubmitFlags& f, Context& ctx) {
   for (const auto& kv : f.sets) req.add_set(kv);
   req.set_resume(f.resume);
   req.set_name(f.name);
-  std::random_device rd;
-  // Idempotent like submit: a resubmit retried after a lost answer cannot create a second job.
-  req.set_request_id(f.request_id.empty() ? absl::StrFormat("ftctl-%08x%08x%08x", rd(), rd(), rd()) : f.request_id);
+  req.set_request_id(RequestIdOr(f.request_id));  // idempotent, like submit
   return Submitted(ctx.client(), ctx.client().Resubmit(req), f.wait);
 }
 
@@ -34,11 +30,10 @@ Command AddResubmit(CLI::App& app) {
   auto f = std::make_shared<ResubmitFlags>();
   auto* c = app.add_subcommand("resubmit", "Submit a copy of a job, with overrides; prints the new id");
   c->add_option("id", f->id, "the job to copy")->required();
-  c->add_option("--set", f->sets, "override a spec field: --set steps=200 --set optimizer.lr=1e-4");
+  AddSetFlag(c, &f->sets, "--set steps=200 --set optimizer.lr=1e-4");
   c->add_flag("--resume", f->resume, "continue a failed or cancelled job from its last checkpoint");
   c->add_option("--name", f->name, "a name for the new job (default: the original's)");
-  c->add_option("--request-id", f->request_id, "idempotency key: a repeated resubmit returns the same job");
-  c->add_flag("--wait", f->wait, "wait for the new job to end; exit 0 succeeded, 1 failed, 2 cancelled");
+  AddCreateFlags(c, &f->request_id, &f->wait, "resubmit", "new job");
   return {c, [f](Context& ctx) { return RunResubmit(*f, ctx); }};
 }
 

@@ -3,13 +3,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
-#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/commands.h"
 #include "client/follow.h"
 #include "client/render.h"
+#include "client/shared_flags.h"
 #include "client/spec_input.h"
 #include "spec/paths.h"
 #include "spec/spec.h"
@@ -24,11 +24,6 @@ struct SubmitFlags {
   std::vector<std::string> sets;
   int priority = 0, max_attempts = 0;
 };
-
-std::string NewRequestId() {
-  std::random_device rd;
-  return absl::StrFormat("ftctl-%08x%08x%08x", rd(), rd(), rd());
-}
 
 int RunSubmit(const SubmitFlags& f, Context& ctx) {
   if (f.spec_path.empty() == !f.use_default) return Usage("submit takes a spec file or --default (one of them)");
@@ -54,7 +49,7 @@ int RunSubmit(const SubmitFlags& f, Context& ctx) {
   if (f.max_attempts_given) req.set_max_attempts(f.max_attempts);  // unset: ftd's default
   req.set_owner(f.owner);  // empty: ftd records the authenticated caller
   // Always idempotent: a submit retried after a lost answer cannot create a second job.
-  req.set_request_id(f.request_id.empty() ? NewRequestId() : f.request_id);
+  req.set_request_id(RequestIdOr(f.request_id));
   if (f.dry_run) {
     req.set_validate_only(true);
     auto r = ctx.client().Submit(req);
@@ -75,18 +70,17 @@ Command AddSubmit(CLI::App& app) {
   auto* c = app.add_subcommand("submit", "Submit a job; prints its id");
   c->add_option("spec", f->spec_path, "TrainSpec file, JSON or YAML, or - for stdin (docs/job-spec.md)");
   c->add_flag("--default", f->use_default, "the embedded default job (tiny LLaMA on the arithmetic dataset)");
-  c->add_option("--set", f->sets, "override a spec field: --set steps=20 --set optimizer.lr=1e-4");
+  AddSetFlag(c, &f->sets, "--set steps=20 --set optimizer.lr=1e-4");
   c->add_option("--name", f->name, "a name for the job");
-  c->add_option("--kind", f->kind, "finetune or profile")->check(CLI::IsMember({"finetune", "profile"}));
+  AddKindFlag(c, &f->kind);
   c->add_option("--priority", f->priority, "higher runs first, in [-1000, 1000] (default 0)");
-  c->add_option("--request-id", f->request_id, "idempotency key: a repeated submit returns the same job");
   c->add_option("--owner", f->owner, "submit for another user (admins only; default: you, as ftd authenticates you)");
   c->add_option("--max-attempts", f->max_attempts, "attempts for infrastructure failures, 1..20 (default: ftd's)")
       ->each([f](const std::string&) { f->max_attempts_given = true; });
   c->add_flag("--dry-run", f->dry_run,
               "validate through ftd (spec, files, memory, quotas), print the predicted peak memory and where the "
               "job would run; submit nothing");
-  c->add_flag("--wait", f->wait, "wait for the job to end; exit 0 succeeded, 1 failed, 2 cancelled");
+  AddCreateFlags(c, &f->request_id, &f->wait, "submit", "job");
   return {c, [f](Context& ctx) { return RunSubmit(*f, ctx); }};
 }
 
