@@ -4,6 +4,8 @@ import json
 import math
 import os
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -72,6 +74,56 @@ def run_worker(spec, tmp, *extra, check=True):
     if check and p.returncode != 0:
         raise AssertionError(f"ftd-worker exited {p.returncode}: {p.stderr}\n{p.stdout}")
     return p.returncode, steps, result, p.stderr
+
+
+class WorkerProcess:
+    """`ftd-worker run SPEC` with its stdout and stderr read line by line on threads of their own, so
+    that a test can wait for a line, signal the worker at that moment and still see every line.
+    (Iterating over Popen.stdout and then calling communicate() loses the lines the iteration had
+    read ahead: communicate() reads the pipe itself.)"""
+
+    def __init__(self, spec_path, env=None):
+        self.p = subprocess.Popen([str(WORKER), "run", str(spec_path)], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, env=env)
+        self.out, self.err = [], []
+        self._cv = threading.Condition()
+        self._readers = [threading.Thread(target=self._read, args=(f, lines), daemon=True)
+                         for f, lines in ((self.p.stdout, self.out), (self.p.stderr, self.err))]
+        for t in self._readers:
+            t.start()
+
+    def _read(self, f, lines):
+        for line in f:
+            with self._cv:
+                lines.append(line)
+                self._cv.notify_all()
+        with self._cv:
+            lines.append(None)  # end of the stream
+            self._cv.notify_all()
+
+    def wait_for(self, pred, timeout=120):
+        """Waits until pred(stdout lines, stderr lines) holds; False if the worker ended first or the
+        time ran out."""
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while not pred([l for l in self.out if l is not None], [l for l in self.err if l is not None]):
+                if (self.out and self.out[-1] is None and self.err and self.err[-1] is None) or \
+                        not self._cv.wait(timeout=max(0.0, deadline - time.monotonic())):
+                    return False
+        return True
+
+    def steps_seen(self):
+        with self._cv:
+            return sum('"event":"step"' in l for l in self.out if l is not None)
+
+    def finish(self, timeout=180):
+        """Waits for the worker to exit; (exit code, JSON lines of stdout, stderr)."""
+        code = self.p.wait(timeout=timeout)
+        for t in self._readers:
+            t.join(timeout=timeout)
+        out = "".join(l for l in self.out if l is not None)
+        return code, [json.loads(l) for l in out.splitlines() if l.startswith("{")], \
+            "".join(l for l in self.err if l is not None)
 
 
 def run_modes(base, tmp, field, values):

@@ -21,7 +21,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from ftdtest import BUILD, WORKER, make_hf_model, run_worker, write_tokens
+from ftdtest import BUILD, WORKER, WorkerProcess, make_hf_model, run_worker, write_tokens
 
 DEVICE = os.environ.get("FTD_TEST_DEVICE", "cpu")
 pytestmark = pytest.mark.skipif(DEVICE.startswith("cuda") and not torch.cuda.is_available(),
@@ -154,8 +154,7 @@ def test_sigterm_at_random_moments(tmp_path):
     path.write_text(json.dumps(spec))
     done = 0
     for i in range(20):
-        p = subprocess.Popen([str(WORKER), "run", str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        seen = []
+        w = WorkerProcess(path)
         if rng.random() < 0.4:
             delay = rng.uniform(0.0, 1.2)
             when = f"{delay:.2f} s after start"
@@ -163,15 +162,11 @@ def test_sigterm_at_random_moments(tmp_path):
         else:
             k, delay = rng.randint(1, 4), rng.uniform(0.0, 0.2)
             when = f"{delay:.3f} s after its step {k}"
-            for line in p.stdout:
-                seen.append(line)
-                if sum('"event":"step"' in l for l in seen) >= k:
-                    break
+            w.wait_for(lambda out, err: sum('"event":"step"' in l for l in out) >= k)
             time.sleep(delay)
-        p.send_signal(signal.SIGTERM)
-        out, err = p.communicate(timeout=180)
-        out = "".join(seen) + out
-        lines = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+        w.p.send_signal(signal.SIGTERM)
+        p = w.p
+        _, lines, err = w.finish()
         results = [l for l in lines if l["event"] == "result"]
         last = [l for l in lines if l["event"] in ("step", "result")][-3:]
         where = f"run {i}, SIGTERM {when} (seed {seed}): exit {p.returncode}\n{err[-3000:]}\nlast lines: {last}"
@@ -189,6 +184,49 @@ def test_sigterm_at_random_moments(tmp_path):
         assert names == (complete_checkpoints(ck) if names else []), where
         assert len(names) <= 2 and not [n for n in names if n.endswith(".tmp")], where
     assert done >= 10, f"the runs got to step {done} only (seed {seed})"
+
+
+# Moments of a resume, each a predicate on (stdout lines, stderr lines) that holds from it on.
+RESUME_STAGES = {
+    # the data is open; the checkpoint's trainer state is read next (each read of it slowed)
+    "before the load": lambda out, err: any("ftd-worker: data:" in l for l in err),
+    # the load began (done 0); mapping the weights and the optimizer state, each slowed, comes next
+    "during the load": lambda out, err: any('"phase":"load_checkpoint"' in l for l in out),
+    # the load is over; the first step comes next
+    "right after the load": lambda out, err: any("ftd-worker: resumed from" in l for l in err),
+}
+
+
+@pytest.mark.parametrize("stage", list(RESUME_STAGES))
+def test_sigterm_at_each_stage_of_a_resume(tmp_path, stage):
+    """A run that resumes from the checkpoint of step 2, on a slow disk (reads and maps of files
+    sleep 300 ms each), gets SIGTERM before, during and right after the load: it ends with one
+    CANCELLED result line, exit 5 and its closing stderr line, keeps the checkpoint it resumed from
+    (or the one of the step it went on to take), and leaves nothing partial."""
+    ck = tmp_path / "ck"
+    spec = tiny(ck, batch_size=2, seq_len=16, steps=2, log_every=1, checkpoint={"every_steps": 1, "keep_last": 2})
+    code, _, result, err = run_worker(spec, tmp_path, check=False)
+    assert code == 0 and result["last_checkpoint"] == str(ck / "step-00000002"), err
+    spec["steps"] = 100000  # the resumed run would go on for long
+    path = tmp_path / "resume.json"
+    path.write_text(json.dumps(spec))
+    env = dict(os.environ, LD_PRELOAD=str(BUILD / "tests" / "libftd_slow_write_preload.so"), FTD_SLOW_READ_MS="300")
+    w = WorkerProcess(path, env=env)
+    reached = w.wait_for(RESUME_STAGES[stage], timeout=300)
+    w.p.send_signal(signal.SIGTERM)
+    code, lines, err = w.finish(timeout=300)
+    assert reached, f"the worker ended before {stage} (exit {code}):\n{err[-3000:]}"
+    results = [l for l in lines if l["event"] == "result"]
+    where = f"SIGTERM {stage}: exit {code}, results {results}\n{err[-3000:]}"
+    assert code == 5 and len(results) == 1 and results[0]["outcome"] == "CANCELLED", where
+    r = results[0]
+    steps = [l["step"] for l in lines if l["event"] == "step"]
+    assert r["steps_done"] in (2, 3) and steps == list(range(3, r["steps_done"] + 1)), where
+    assert r["last_checkpoint"] == str(ck / f"step-{r['steps_done']:08d}"), where
+    assert "exit() called while" not in err, where
+    assert err.rstrip().endswith("ftd-worker: exit 5 (CANCELLED)"), where
+    names = sorted(x.name for x in ck.iterdir())
+    assert names == complete_checkpoints(ck) and f"step-{r['steps_done']:08d}" in names, where
 
 
 def test_sigterm_while_reading_the_spec_cancels_cleanly(tmp_path):
@@ -366,23 +404,17 @@ def test_a_cancel_during_a_checkpoint_write(tmp_path, sig):
     path = tmp_path / "spec.json"
     path.write_text(json.dumps(spec))
     env = dict(os.environ, LD_PRELOAD=str(shim), FTD_SLOW_WRITE_MS="100")
-    p = subprocess.Popen([str(WORKER), "run", str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, env=env)
-    seen = []
-    for line in p.stdout:
-        seen.append(line)
-        if '"phase":"save_checkpoint"' in line:
-            break
+    w = WorkerProcess(path, env=env)
+    w.wait_for(lambda out, err: any('"phase":"save_checkpoint"' in l for l in out))
     time.sleep(0.5)  # a few pieces into the write
     t0 = time.monotonic()
-    p.send_signal(sig)
-    out, err = p.communicate(timeout=300)
+    w.p.send_signal(sig)
+    code, lines, err = w.finish(timeout=300)
     took = time.monotonic() - t0
-    lines = [json.loads(l) for l in ("".join(seen) + out).splitlines() if l.startswith("{")]
     saves = [l for l in lines if l["event"] == "progress" and l["phase"] == "save_checkpoint"]
     total = saves[0]["total_bytes"]
     [r] = [l for l in lines if l["event"] == "result"]
-    assert p.returncode == 5 and r["outcome"] == "CANCELLED", err[-3000:]
+    assert code == 5 and r["outcome"] == "CANCELLED", err[-3000:]
     assert r["steps_done"] == 2
     names = sorted(x.name for x in ck.iterdir())
     if sig == signal.SIGUSR1:
