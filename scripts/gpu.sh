@@ -4,7 +4,7 @@
 # prometheus-cpp, GoogleTest, CLI11, JSON) come unpacked from .devdeps/ when present
 # (scripts/fetch-gpu-deps.sh fills it on a development machine). Results go to $OUT (default gpu-out/).
 #   scripts/gpu.sh [STAGE...]    stages, run in the order given: build test kbench e2e lora data service
-#                                profile ckpt pack dist ab fp8 perf perf-long perf-peers perf-levers lora-ac breakdown
+#                                profile ckpt pack dist dist-levers ab fp8 perf perf-long perf-peers perf-levers lora-ac breakdown
 #                                roofline fp8-curve default (none given: build test kbench e2e lora service profile)
 #   breakdown: one step's device time by category (GEMM, attention, cross-entropy, optimizer,
 #       elementwise/norm/rope, communication, idle) from PROFILE jobs, fused set, 4x2048 and 1x512
@@ -30,6 +30,10 @@
 #       bench/dist_bench.py (4x2048 per GPU, 1 vs N GPUs, with/without ZeRO-1: the 8B with full activation
 #       checkpointing, and the 8B shape with 16 layers; DIST_ARGS: more flags). Fails when a test or a
 #       run fails or ZeRO-1 departs from unsharded.
+#   dist-levers: the communication levers on 2+ GPUs (bench/dist_bench.py --variant, the 8B with full
+#       activation checkpointing at 4x2048 per GPU): 1 GPU, N GPUs and ZeRO-1 as in dist, then N GPUs with
+#       100 and 256 MiB gradient buckets, 8 and 4 NCCL channels, 256 MiB with 8 channels, and ZeRO-1 with
+#       the coalesced gather (about 6 minutes after the build, estimated; other levers: run dist_bench.py).
 #   ab: this tree's ftd-worker against another version's, the 8B fused step in one invocation
 #       (BASE_SRC: that version's source tree, e.g. `git archive REV | tar x -C base-src`;
 #       AB_ARGS: bench/train_bench.py flags, default --shapes 4x2048 --repeat 3).
@@ -139,6 +143,15 @@ for stage in "${stages[@]}"; do
           --steps 8 --timeout 150 ${cfg#*:} ${DIST_ARGS:-} 2>&1 | tee "$out/dist-$name.log" | grep -v "^{"
         [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
       done ;;
+    dist-levers)
+      if [ "$ngpus" -lt 2 ]; then echo "gpu.sh: the dist-levers stage needs 2+ GPUs; this host has $ngpus"; rc=1; continue; fi
+      stamp "data parallel levers: 8B, full checkpointing, 1 vs ${DIST_GPUS:-2} GPUs, then one run per lever"
+      levers=(--variant "b100:--bucket-mib=100" --variant "b256:--bucket-mib=256"
+              --variant "ch8:NCCL_MAX_NCHANNELS=8" --variant "ch4:NCCL_MAX_NCHANNELS=4"
+              --variant "b256-ch8:--bucket-mib=256 NCCL_MAX_NCHANNELS=8" --variant "z1-coal:zero1 --coalesced-gather")
+      python3 bench/dist_bench.py --worker "$build/worker/ftd-worker" --out "$out/dist-levers" --gpus "${DIST_GPUS:-2}" \
+        --steps 8 --timeout 150 --ac full "${levers[@]}" 2>&1 | tee "$out/dist-levers.log" | grep -v "^{"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
     ab)
       stamp "this build against ${BASE_SRC:-base-src}"
       base_build=$root/build-base
@@ -211,7 +224,7 @@ for stage in "${stages[@]}"; do
     default)
       "$build/worker/ftd-worker" run --default --format text --set steps=${DEFAULT_STEPS:-10} 2>&1 \
         | tee "$out/default-job.log" | tail -4 ;;
-    *) echo "gpu.sh: unknown stage $stage (build test kbench e2e lora data service profile ckpt pack dist ab fp8 fp8-curve perf perf-long perf-peers perf-levers lora-ac breakdown roofline default)"; exit 2 ;;
+    *) echo "gpu.sh: unknown stage $stage (build test kbench e2e lora data service profile ckpt pack dist dist-levers ab fp8 fp8-curve perf perf-long perf-peers perf-levers lora-ac breakdown roofline default)"; exit 2 ;;
   esac
 done
 stamp "done (rc $rc)"

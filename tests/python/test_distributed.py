@@ -47,9 +47,9 @@ def spec(**over):
     return s
 
 
-def run_ranks(s, tmp, name, timeout=240):
-    """Every rank of `s` as its own ftd-worker process; returns rank 0's (steps, result) and every
-    rank's exit code."""
+def run_ranks(s, tmp, name, timeout=240, args=()):
+    """Every rank of `s` as its own ftd-worker process (with ftd-worker flags `args`); returns rank 0's
+    (steps, result) and asserts every rank exited 0."""
     n = s.get("gpus", 1)
     tmp = Path(tmp)
     path = tmp / f"{name}.json"
@@ -59,7 +59,7 @@ def run_ranks(s, tmp, name, timeout=240):
     for r in range(n):
         err = open(tmp / f"{name}.rank{r}.err", "w")
         procs.append(subprocess.Popen([str(WORKER), "run", str(path), "--rank", str(r), "--store", str(store),
-                                       "--rank-timeout", "60"],
+                                       "--rank-timeout", "60", *args],
                                       stdout=subprocess.PIPE, stderr=err, text=True))
     out0 = procs[0].communicate(timeout=timeout)[0]
     codes = [p.wait(timeout=timeout) for p in procs]
@@ -89,6 +89,24 @@ def test_two_ranks_equal_one_process_at_the_combined_batch(tmp_path, dtype):
     assert result["outcome"] == "SUCCEEDED"
     # The loss moved: a run whose ranks drifted apart would show it within these steps.
     assert dp[-1]["loss"] < dp[0]["loss"]
+
+
+def test_communication_levers_leave_the_results_alone(tmp_path):
+    """ftd-worker's --bucket-mib (smaller gradient buckets: more of them) and, under ZeRO-1,
+    --coalesced-gather (the weights as one group of broadcasts on NCCL; Gloo says it cannot and
+    sends them one by one) give the default run's losses and gradient norms."""
+    plain, _ = run_ranks(spec(batch_size=2, gpus=2), tmp_path, "plain")
+    small, _ = run_ranks(spec(batch_size=2, gpus=2), tmp_path, "small", args=["--bucket-mib", "1"])
+    assert_same_steps(small, plain, "1 MiB gradient buckets vs the default")
+    buckets = [(tmp_path / f"{n}.rank0.err").read_text() for n in ("plain", "small")]
+    assert "gradient buckets of about 25 MiB" in buckets[0] and "gradient buckets of about 1 MiB" in buckets[1]
+    count = [int(t.split(" gradient buckets")[0].rsplit(" ", 1)[1]) for t in buckets]
+    assert count[1] > count[0], count
+    zero1 = {"shard_state": True}
+    coal, _ = run_ranks(spec(batch_size=2, gpus=2, optimizer=zero1), tmp_path, "coal", args=["--coalesced-gather"])
+    assert_same_steps(coal, plain, "ZeRO-1 with the coalesced gather vs unsharded")
+    log = (tmp_path / "coal.rank0.err").read_text()
+    assert ("one coalesced group of broadcasts" if DEVICE == "cuda" else "cannot coalesce broadcasts") in log, log[-2000:]
 
 
 def test_sharded_optimizer_state_equals_unsharded(tmp_path):
@@ -192,7 +210,8 @@ def test_a_job_asking_for_more_gpus_than_the_host_has_is_refused_at_submit(daemo
 def test_dist_bench_runs_on_cpu_ranks_and_fails_when_a_run_does(tmp_path):
     """bench/dist_bench.py end to end on CPU ranks (tiny model, Gloo): its three runs (1 rank, 2 ranks,
     2 ranks with ZeRO-1) succeed, ZeRO-1 agrees with unsharded, the table and JSON say so, exit 0; a
-    run that fails (killed at its time limit) makes it exit 1 naming the run."""
+    --variant adds a run with its levers; a token it does not know is refused; a run that fails
+    (killed at its time limit) makes it exit 1 naming the run."""
     import sys
     bench = Path(__file__).resolve().parents[2] / "bench" / "dist_bench.py"
     cmd = [sys.executable, str(bench), "--worker", str(WORKER), "--model", "tiny", "--device", "cpu",
@@ -204,6 +223,17 @@ def test_dist_bench_runs_on_cpu_ranks_and_fails_when_a_run_does(tmp_path):
         [(1, False, "SUCCEEDED"), (2, False, "SUCCEEDED"), (2, True, "SUCCEEDED")]
     assert res["problems"] == [] and all(r["tokens_per_s"] > 0 for r in res["runs"])
     assert "| 2 | yes |" in p.stdout and "dist_bench: ok" in p.stdout
+    # A lever variant: one more 2-rank run, its flags and environment passed to every rank.
+    p = subprocess.run(cmd + ["--out", str(tmp_path / "lever"), "--steps", "2", "--variant",
+                              "z1c:zero1 --coalesced-gather --bucket-mib=1 NCCL_MAX_NCHANNELS=2"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+    res = json.loads((tmp_path / "lever" / "dist_bench.json").read_text())
+    assert [(r["run"], r["zero1"], r["outcome"]) for r in res["runs"]][3:] == [("g2-z1c", True, "SUCCEEDED")]
+    assert res["runs"][3]["levers"] == "--coalesced-gather --bucket-mib=1 NCCL_MAX_NCHANNELS=2"
+    assert "| --coalesced-gather --bucket-mib=1 NCCL_MAX_NCHANNELS=2 |" in p.stdout
+    p = subprocess.run(cmd + ["--out", str(tmp_path / "typo"), "--variant", "x:zero2"], capture_output=True, text=True)
+    assert p.returncode == 2 and "'zero2' is not zero1" in p.stderr
     p = subprocess.run(cmd + ["--out", str(tmp_path / "bad"), "--timeout", "0"], capture_output=True, text=True,
                        timeout=300)
     assert p.returncode == 1, p.stdout

@@ -75,6 +75,23 @@ void Ranks::Broadcast(torch::Tensor& t, int root) {
   backend_->broadcast(v, o)->wait();
 }
 
+bool Ranks::BroadcastEach(std::vector<torch::Tensor>& tensors, const std::vector<int>& roots, bool coalesce) {
+  coalesce = coalesce && backend_->supportsCoalescing();
+  if (!coalesce) {
+    for (size_t k = 0; k < tensors.size(); ++k) Broadcast(tensors[k], roots[k]);
+    return false;
+  }
+  backend_->startCoalescing();
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    std::vector<torch::Tensor> v{tensors[k]};
+    c10d::BroadcastOptions o;
+    o.rootRank = roots[k];
+    backend_->broadcast(v, o);
+  }
+  backend_->endCoalescing()->wait();
+  return true;
+}
+
 void Ranks::Barrier() {
   torch::Tensor one = torch::ones({1}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
   AllReduceSum(one);

@@ -39,6 +39,10 @@ class Ranks {
   void AllReduceSum(torch::Tensor& t);
   // In place, blocking: `root`'s value on every rank.
   void Broadcast(torch::Tensor& t, int root);
+  // In place: tensors[k] from roots[k] on every rank. With `coalesce` on a backend that supports it
+  // (NCCL) the broadcasts are launched as one group, so those from different roots run at once;
+  // otherwise one after another. Returns whether they were coalesced.
+  bool BroadcastEach(std::vector<torch::Tensor>& tensors, const std::vector<int>& roots, bool coalesce);
   // Every rank reaches this point (a one-element all-reduce: the same call for Gloo and NCCL).
   void Barrier();
 

@@ -125,6 +125,9 @@ struct RankInfo {
   int rank = 0;            // 0 .. gpus-1; rank 0 writes the model and reports
   std::string store_path;  // the c10d FileStore the ranks of one attempt meet at (a new file per attempt)
   int timeout_s = 600;     // a collective or the rendezvous waiting longer than this fails the run
+  // Communication levers, measured by bench/dist_bench.py (docs/distributed.md):
+  int bucket_mib = 0;             // gradient all-reduce buckets of about this size; 0: GradReducer's default
+  bool coalesced_gather = false;  // ZeRO-1: the updated weights as one coalesced group of broadcasts
 };
 
 // Runs the whole job: builds or loads the model, resumes from a checkpoint if asked, trains,

@@ -235,6 +235,12 @@ bool TrainingRun::Setup() {
     if (!SetupRanks(trainable_)) return false;
     if (cfg_.optimizer.shard_state) {
       owner_ = ShardOwners(trainable_, world_);
+      if (rank_.coalesced_gather) {
+        Log(ranks_->backend().supportsCoalescing()
+                ? "ZeRO-1: the updated weights go out as one coalesced group of broadcasts"
+                : absl::StrCat("ZeRO-1: ", ranks_->backend_name(),
+                               " cannot coalesce broadcasts (--coalesced-gather); one after another"));
+      }
       std::vector<std::pair<std::string, torch::Tensor>> mine;
       for (size_t k = 0; k < opt_params.size(); ++k) {
         if (owner_[k] == rank_.rank) mine.push_back(opt_params[k]);
@@ -328,7 +334,10 @@ bool TrainingRun::SetupRanks(const std::vector<torch::Tensor>& trainable) {
     torch::Tensor p = t;
     ranks_->Broadcast(p, 0);
   }
-  reducer_ = std::make_unique<GradReducer>(*ranks_, trainable);
+  const int64_t bucket_bytes = rank_.bucket_mib > 0 ? int64_t{rank_.bucket_mib} << 20 : GradReducer::kBucketBytes;
+  reducer_ = std::make_unique<GradReducer>(*ranks_, trainable, bucket_bytes);
+  Log(absl::StrCat(ranks_->backend_name(), ": ", reducer_->num_buckets(), " gradient buckets of about ",
+                   bucket_bytes >> 20, " MiB"));
   return true;
 }
 
@@ -351,7 +360,7 @@ void TrainingRun::AgreeOnStep(bool* stop, bool* skip_checkpoint, int64_t* real_t
 
 void TrainingRun::GatherUpdatedWeights() {
   torch::NoGradGuard no_grad;
-  for (size_t k = 0; k < trainable_.size(); ++k) ranks_->Broadcast(trainable_[k], owner_[k]);
+  (void)ranks_->BroadcastEach(trainable_, owner_, rank_.coalesced_gather);
 }
 
 void TrainingRun::ShareRankStats() {
