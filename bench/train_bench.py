@@ -9,7 +9,7 @@ A run that runs out of memory is recorded as such and the benchmark goes on.
 ftd impls: a kernel set with options joined by `+`: `fused+ac=selective` (spec.activation_checkpointing),
 `fused+es` (spec.expandable_segments), `fused+fp` (spec.kernel_tuning.fused_projections),
 `fused+fcl=N` (spec.full_checkpoint_layers), `fused+nc` (optimizer.grad_clip 0), `fused+ov`
-(spec.optimizer.overlap, which needs grad_clip 0: nc implied), e.g. `fused+ac=full+es` or `fused+ac=selective+fcl=16`.
+(spec.optimizer.overlap, which needs grad_clip 0: nc implied), `fused+cg` (spec.kernel_tuning.cuda_graphs), e.g. `fused+ac=full+es` or `fused+ac=selective+fcl=16`.
 Peers: `hf` (HF eager, sdpa, fused AdamW), `hf-compile` (torch.compile), `hf-liger` (Liger-Kernel), `hf-float8` (torchao float8 training + torch.compile). --peer-gc auto (default)
 turns HF's gradient checkpointing on up front where the peer's estimated peak (60 GiB of weights, gradients
 and AdamW state, plus HF eager's measured 5.8 MiB of activations a token) does not fit the GPU, and reruns
@@ -94,12 +94,14 @@ def ftd_options(impl):
             extra.setdefault("kernel_tuning", {})["fused_projections"] = True
         elif key == "fcl" and value.isdigit():
             extra["full_checkpoint_layers"] = int(value)
+        elif key == "cg" and not value:
+            extra.setdefault("kernel_tuning", {})["cuda_graphs"] = True
         elif key == "nc" and not value:
             extra.setdefault("optimizer", {})["grad_clip"] = 0
         elif key == "ov" and not value:
             extra.setdefault("optimizer", {}).update(grad_clip=0, overlap=True)
         else:
-            sys.exit(f"train_bench: unknown option {o!r} in impl {impl!r} (ac=none|selective|full, es, fp, fcl=N, nc, ov)")
+            sys.exit(f"train_bench: unknown option {o!r} in impl {impl!r} (ac=none|selective|full, es, fp, fcl=N, nc, ov, cg)")
     return extra
 
 

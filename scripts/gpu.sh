@@ -202,7 +202,7 @@ for stage in "${stages[@]}"; do
     perf-levers)
       stamp "performance levers one by one"
       python3 bench/train_bench.py --worker "$build/worker/ftd-worker" --out "$out/perf-levers" \
-        --shapes 1x512,4x2048 --impls fused,fused+fp,fused+fp+nc,fused+fp+ov,fused+fp+ac=selective,fused+fp+ov+ac=selective \
+        --shapes 1x512,4x2048 --impls fused,fused+fp,fused+fp+nc,fused+fp+ov,fused+fp+cg,fused+fp+ac=selective,fused+fp+ov+ac=selective \
         ${PERF_ARGS:-} 2>&1 \
         | tee "$out/perf_levers_bench.log" | grep -v "^{" ;;
     fp8)

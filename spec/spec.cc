@@ -167,6 +167,7 @@ absl::StatusOr<TrainConfig> ToTrainConfig(const ftd::v1::TrainSpec& s) {
     c.kernel_tuning.linear_cross_entropy_chunk_rows = s.kernel_tuning().linear_cross_entropy_chunk_rows();
   }
   if (s.kernel_tuning().has_fused_projections()) c.kernel_tuning.fused_projections = s.kernel_tuning().fused_projections();
+  if (s.kernel_tuning().has_cuda_graphs()) c.kernel_tuning.cuda_graphs = s.kernel_tuning().cuda_graphs();
   if (s.has_activation_checkpointing()) {
     const auto a = ParseActivationCheckpointing(s.activation_checkpointing());
     if (!a) {

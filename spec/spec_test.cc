@@ -116,6 +116,19 @@ TEST(Spec, OptimizerOverlapReachesTheConfigAndNeedsNoClipping) {
             "backward; set optimizer.overlap false or gpus 1 (got gpus 2)");
 }
 
+TEST(Spec, CudaGraphsReachTheConfigAndRefuseWhatAGraphCannotHold) {
+  auto on = ToTrainConfig(*ParseTrainSpecJson(R"({"kernel_tuning": {"cuda_graphs": true}})"));
+  ASSERT_TRUE(on.ok()) << on.status();
+  EXPECT_TRUE(on->kernel_tuning.cuda_graphs);
+  auto accum = ToTrainConfig(*ParseTrainSpecJson(R"({"kernel_tuning": {"cuda_graphs": true}, "grad_accum_steps": 2})"));
+  EXPECT_EQ(accum.status().message(),
+            "spec.kernel_tuning.cuda_graphs captures one static forward+backward on a CUDA device: it runs without "
+            "gradient accumulation, activation checkpointing, optimizer.overlap, several GPUs, FP8 matmuls or LoRA "
+            "dropout; set it false or drop the other (got grad_accum_steps > 1)");
+  auto cpu = ToTrainConfig(*ParseTrainSpecJson(R"({"kernel_tuning": {"cuda_graphs": true}, "device": "cpu"})"));
+  EXPECT_NE(cpu.status().message().find("(got device \"cpu\")"), std::string::npos) << cpu.status();
+}
+
 TEST(Spec, KernelTuningReachesTheConfigAndIsBounded) {
   auto c = ToTrainConfig(*ParseTrainSpecJson(R"({"kernel_tuning": {"linear_cross_entropy_chunk_rows": 512}})"));
   ASSERT_TRUE(c.ok()) << c.status();

@@ -199,6 +199,25 @@ absl::Status TrainConfig::Validate() const {
            .ok()) {
     return s;
   }
+  if (kernel_tuning.cuda_graphs) {
+    // What one static graph of forward+backward cannot hold.
+    const char* conflict = device == "cpu"                                              ? "device \"cpu\""
+                           : grad_accum_steps > 1                                       ? "grad_accum_steps > 1"
+                           : activation_checkpointing != ActivationCheckpointing::kNone ? "activation_checkpointing"
+                           : full_checkpoint_layers > 0                                 ? "full_checkpoint_layers"
+                           : optimizer.overlap                                          ? "optimizer.overlap"
+                           : gpus > 1                                                   ? "gpus > 1"
+                           : chosen[KernelOp::kMatmul]                                  ? "FP8 matmuls"
+                           : lora.enabled && lora.dropout > 0                           ? "lora.dropout > 0"
+                                                                                        : nullptr;
+    if (conflict != nullptr) {
+      return Invalid("kernel_tuning.cuda_graphs",
+                     "captures one static forward+backward on a CUDA device: it runs without gradient accumulation, "
+                     "activation checkpointing, optimizer.overlap, several GPUs, FP8 matmuls or LoRA dropout; set it "
+                     "false or drop the other",
+                     conflict);
+    }
+  }
   if (profile.warmup_steps < 0 || profile.warmup_steps > 1000) {
     return Invalid("profile.warmup_steps", "must be in [0, 1000]", absl::StrCat(profile.warmup_steps));
   }

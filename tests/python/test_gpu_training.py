@@ -265,3 +265,27 @@ def test_optimizer_overlap_keeps_the_losses_and_frees_the_gradients(tmp_path, ad
     assert result["outcome"] == "SUCCEEDED" and resumed[0]["step"] == 11, (result, resumed[:1])
     for a, b in zip(overlapped[10:], resumed):
         assert abs(a["loss"] - b["loss"]) <= 5e-3 * abs(a["loss"]), (a["step"], a["loss"], b["loss"])
+
+
+def test_cuda_graphs_keep_the_losses_and_survive_resume(tmp_path):
+    """spec.kernel_tuning.cuda_graphs on the fused set in bf16: after 2 eager warm-up steps, forward and
+    backward are captured once and replayed; the replayed steps run the eager steps' kernels on the same
+    data, so 20 steps give the eager losses within 5e-3 relative (attention's backward may accumulate
+    in another order), the worker says it captured, and a run resumed from its step-10 checkpoint
+    (captured anew) continues with the same losses."""
+    base = {"model": {"preset": "tiny"}, "steps": 20, "batch_size": 2, "seq_len": 64, "device": "cuda",
+            "dtype": "bf16", "kernel_set": "fused", "kernel_tuning": {"fused_projections": True},
+            "optimizer": {"lr": 3e-3}}
+    graphed = dict(base, kernel_tuning=dict(base["kernel_tuning"], cuda_graphs=True))
+    _, eager, _, _ = run_worker(base, tmp_path)
+    ck = tmp_path / "ck"
+    _, replayed, result, err = run_worker(dict(graphed, checkpoint={"dir": str(ck), "every_steps": 10}), tmp_path)
+    assert result["outcome"] == "SUCCEEDED", result
+    assert "CUDA graphs: forward+backward captured after 2 eager steps" in err
+    for a, b in zip(eager, replayed):
+        assert abs(a["loss"] - b["loss"]) <= 5e-3 * abs(a["loss"]), (a["step"], a["loss"], b["loss"])
+    (ck / "step-00000020").rename(tmp_path / "later")
+    _, resumed, result, _ = run_worker(dict(graphed, checkpoint={"dir": str(ck)}), tmp_path)
+    assert result["outcome"] == "SUCCEEDED" and resumed[0]["step"] == 11, (result, resumed[:1])
+    for a, b in zip(replayed[10:], resumed):
+        assert abs(a["loss"] - b["loss"]) <= 5e-3 * abs(a["loss"]), (a["step"], a["loss"], b["loss"])

@@ -17,6 +17,7 @@
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAAllocatorConfig.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <torch/cuda.h>
 
 #include "absl/strings/str_cat.h"
@@ -32,6 +33,7 @@
 #include "worker/engine/model.h"
 #include "worker/engine/optimizer.h"
 #include "worker/engine/profiler.h"
+#include "worker/engine/step_graph.h"
 #include "worker/engine/token_data.h"
 
 namespace ftd::engine {
@@ -147,6 +149,8 @@ class TrainingRun {
   int world_ = 1;                      // data-parallel ranks (cfg_.gpus)
   std::unique_ptr<Ranks> ranks_;       // world_ > 1
   std::unique_ptr<GradReducer> reducer_;
+  std::unique_ptr<StepGraph> graph_;                           // spec.kernel_tuning.cuda_graphs
+  std::optional<c10::cuda::CUDAStreamGuard> graph_stream_;     // the graph's stream, for the whole run
   std::vector<torch::Tensor> trainable_;
   std::vector<int> owner_;             // ZeRO-1: the rank that updates each trainable tensor
   double comm_wait_s_ = 0;             // the last step's
@@ -304,6 +308,17 @@ bool TrainingRun::Setup() {
   }
   profiler_.emplace(device_.is_cuda());
   profile_from_ = cfg_.profile.enabled ? cfg_.profile.warmup_steps : -1;
+  if (cfg_.kernel_tuning.cuda_graphs) {
+    if (!device_.is_cuda()) {
+      return Fail(Outcome::kInvalidSpec, "spec.kernel_tuning.cuda_graphs needs a CUDA device (set it false on the CPU)");
+    }
+    std::vector<torch::Tensor> params;
+    for (const auto& [name, t] : model.trainable_parameters()) params.push_back(t);
+    graph_ = std::make_unique<StepGraph>(&model, std::move(params));
+    torch::cuda::synchronize(device_.index());  // what Setup queued on the default stream is done
+    graph_stream_.emplace(graph_->stream());
+    Log(absl::StrCat("CUDA graphs: forward+backward captured after ", StepGraph::kWarmupSteps, " eager steps"));
+  }
   return true;
 }
 
@@ -512,6 +527,11 @@ bool TrainingRun::Step(int64_t step) {
     torch::Tensor loss;
     {
       RECORD_USER_SCOPE(kPhaseForward);
+      if (graph_) {  // forward and backward (one replay once captured)
+        loss = graph_->Run(b.ids, b.labels, count, b.layout);
+        loss_acc += loss;
+        continue;
+      }
       loss = model_->LossMean(b.ids, b.labels, count, b.layout);
     }
     if (overlap && i + 1 == batches.size()) opt_->BeginOverlap(lr, loss_acc + loss.detach());
