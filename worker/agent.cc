@@ -5,6 +5,8 @@
 #include <mutex>
 
 #include "proto/worker_link.h"
+#include "worker/data/confined_open.h"
+#include "worker/data/dataset_cache.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/fs_util.h"
 #include "spec/spec.h"
@@ -52,10 +54,15 @@ int RunAgent(const AgentOptions& opts, std::atomic<bool>* stop, const std::atomi
     return 1;
   }
   const ftd::v1::Assignment& assignment = (*link)->assignment();
-  std::vector<ftd::engine::OpenRoot> roots;
-  for (const std::string& r : assignment.writable_roots()) roots.push_back({r, true});
-  for (const std::string& r : assignment.read_only_roots()) roots.push_back({r, false});
-  if (auto st = ftd::engine::ConfineOpens(roots); !st.ok()) {
+  std::vector<ftd::data::OpenRoot> roots;
+  for (const std::string& r : assignment.writable_roots()) roots.push_back({r, true, false});
+  for (const std::string& r : assignment.read_only_roots()) roots.push_back({r, false, false});
+  // Without data.cache_dir, prepared datasets go to the worker's own cache ($HOME/.cache/ftd/data):
+  // one more writable root, left out where it cannot be made (the job then tokenizes uncached).
+  if (!roots.empty() && assignment.spec().data().cache_dir().empty()) {
+    roots.push_back({ftd::data::DefaultCacheDir(), true, true});
+  }
+  if (auto st = ftd::data::ConfineOpens(roots); !st.ok()) {
     std::cerr << "ftd-worker agent: " << st.message() << std::endl;
     return 1;
   }

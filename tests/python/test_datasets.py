@@ -431,6 +431,6 @@ def test_an_unwritable_cache_costs_a_tokenization_not_the_job(tok_dir, tmp_path)
            "steps": 1, "batch_size": 2, "seq_len": 16, "device": "cpu", "dtype": "fp32"}
     _, steps, result, err = run_worker(job, tmp_path)
     assert result["outcome"] == "SUCCEEDED" and len(steps) == 1
-    assert "not cached: spec.data.cache_dir: cannot create" in err
+    assert "not cached: spec.data.cache_dir: create " in err
     p, _ = prepare(job, tmp_path, check=False)  # prepare exists to fill the cache: it fails
     assert p.returncode == 1 and "spec.data.cache_dir" in p.stderr

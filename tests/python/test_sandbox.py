@@ -165,6 +165,36 @@ def test_a_symlink_swapped_in_after_submit_is_refused_when_the_worker_opens(paus
     assert list((d.base / "outside").iterdir()) == []
 
 
+def test_a_jsonl_file_or_tokenizer_swapped_for_a_link_out_is_refused_when_the_worker_opens(paused_roots):
+    """The JSONL dataset and the tokenizer are opened beneath the root too: links swapped in after
+    submit fail the job naming the field."""
+    d = paused_roots
+    alice_root = d.base / "users" / ALICE
+    outside = d.base / "outside"
+    outside.mkdir()
+    (outside / "train.jsonl").write_text('{"text": "secret line"}\n')
+    (outside / "tokenizer.json").write_text("{}")
+    jobs = []
+    for i, field in enumerate(("spec.data.path", "spec.data.tokenizer_path")):
+        (alice_root / f"train{i}.jsonl").write_text('{"text": "hello"}\n')
+        (alice_root / f"tok{i}").mkdir()
+        (alice_root / f"tok{i}" / "tokenizer.json").write_text("{}")
+        data = {"path": str(alice_root / f"train{i}.jsonl"), "format": "text",
+                "tokenizer_path": str(alice_root / f"tok{i}"), "cache_dir": str(alice_root / "cache")}
+        spec_file = d.base / f"spec-{i}.json"
+        spec_file.write_text(json.dumps(dict(TINY, steps=1, data=data)))
+        spec_file.chmod(0o644)
+        jobs.append((ok(user_ftctl(ALICE, d, "submit", str(spec_file), "--max-attempts", "1")), field))
+    (alice_root / "train0.jsonl").unlink()
+    (alice_root / "train0.jsonl").symlink_to(outside / "train.jsonl")
+    (alice_root / "tok1" / "tokenizer.json").unlink()
+    (alice_root / "tok1" / "tokenizer.json").symlink_to(outside / "tokenizer.json")
+    ok(ftctl(d, "resume"))
+    for job, field in jobs:
+        got = wait_for(lambda: finished(ALICE, d, job), 120, f"job {job} to end")
+        assert got["state"] == "FAILED" and f"{field}: not permitted" in got["message"], got
+
+
 # --- errors leak nothing -------------------------------------------------------------------------
 
 @pytest.fixture

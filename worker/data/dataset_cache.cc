@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "worker/data/confined_open.h"
 
 namespace ftd::data {
 namespace {
@@ -23,8 +24,8 @@ using json = nlohmann::json;
 constexpr int kCacheVersion = 1;
 
 absl::Status WriteSynced(const std::string& path, const void* data, size_t size) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return absl::InternalError(absl::StrCat("cannot create ", path, ": ", std::strerror(errno)));
+  const int fd = OpenConfined(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644, /*write=*/true);
+  if (fd < 0) return absl::InternalError(OpenError("", "cannot create", path, errno, /*write=*/true));
   const char* p = static_cast<const char*>(data);
   while (size > 0) {
     const ssize_t n = ::write(fd, p, size);
@@ -45,8 +46,8 @@ absl::Status WriteSynced(const std::string& path, const void* data, size_t size)
 }
 
 absl::Status SyncDir(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return absl::InternalError(absl::StrCat("cannot open ", dir, ": ", std::strerror(errno)));
+  const int fd = OpenConfined(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0, /*write=*/false);
+  if (fd < 0) return absl::InternalError(OpenError("", "cannot open", dir, errno, /*write=*/false));
   ::fsync(fd);
   ::close(fd);
   return absl::OkStatus();
@@ -114,13 +115,13 @@ absl::StatusOr<std::string> CacheKey(const PrepareRequest& r) {
     return absl::Status(tok.status().code(), absl::StrCat("spec.data.tokenizer_path: ", tok.status().message()));
   }
   h.Add(tok->contents());
-  const std::string config = r.tokenizer_dir + "/tokenizer_config.json";
-  if (fs::exists(config)) {
-    auto c = MappedFile::Open(config);
-    if (!c.ok()) return c.status();
+  auto c = MappedFile::Open(r.tokenizer_dir + "/tokenizer_config.json");  // optional
+  if (c.ok()) {
     h.Add(c->contents());
-  } else {
+  } else if (absl::IsNotFound(c.status())) {
     h.Add("");
+  } else {
+    return absl::Status(c.status().code(), absl::StrCat("spec.data.tokenizer_path: ", c.status().message()));
   }
   return h.Hex();
 }
@@ -129,8 +130,7 @@ absl::Status WriteCorpus(const std::string& dir, const Corpus& c) {
   const std::string tmp = absl::StrCat(dir, ".tmp-", ::getpid());
   std::error_code ec;
   fs::remove_all(tmp, ec);
-  fs::create_directories(tmp, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot create ", tmp, ": ", ec.message()));
+  if (auto st = EnsureDirectory(tmp, ""); !st.ok()) return st;
   json meta = {{"version", kCacheVersion},
                {"ids", c.ids.size()},
                {"documents", c.num_docs()},
@@ -216,10 +216,8 @@ absl::StatusOr<Prepared> PrepareJsonl(const PrepareRequest& r) {
   auto corpus = TokenizeJsonl(**tok, file->contents(), keep, r.path, r.parallel);
   if (!corpus.ok()) return corpus.status();
   // A cache that cannot be written costs the next job a tokenization, not this one its run.
-  std::error_code ec;
-  fs::create_directories(root, ec);
-  if (ec) {
-    out.cache_error = absl::StrCat("spec.data.cache_dir: cannot create ", root, ": ", ec.message());
+  if (auto s = EnsureDirectory(root, "spec.data.cache_dir"); !s.ok()) {
+    out.cache_error = std::string(s.message());
   } else if (auto s = WriteCorpus(out.dir, *corpus); !s.ok()) {
     out.cache_error = absl::StrCat("spec.data.cache_dir: ", s.message());
   }

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
+#include "worker/data/confined_open.h"
 #include "worker/data/progress.h"
 
 namespace ftd::data {
@@ -218,8 +219,14 @@ std::string DescribeBadLines(const std::vector<BadLine>& bad, std::string_view s
 }
 
 absl::StatusOr<MappedFile> MappedFile::Open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return absl::NotFoundError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+  // Beneath the job's roots when the worker is confined: a link out of them is refused. O_NONBLOCK:
+  // a FIFO must not hang the open (it is refused below).
+  const int fd = OpenConfined(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, 0, /*write=*/false);
+  if (fd < 0) {
+    const int e = errno;
+    const std::string msg = OpenError("", "cannot open", path, e, /*write=*/false);
+    return e == ENOENT ? absl::NotFoundError(msg) : absl::PermissionDeniedError(msg);
+  }
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);

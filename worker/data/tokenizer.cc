@@ -1,11 +1,10 @@
 #include "worker/data/tokenizer.h"
 
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "worker/data/parallel_encode.h"
 #include "worker/data/strings.h"
 #include "worker/data/utf8.h"
 
@@ -18,13 +17,11 @@ absl::Status Bad(std::string_view where, std::string_view problem) {
   return absl::InvalidArgumentError(absl::StrCat(Av(where), ": ", Av(problem)));
 }
 
+// The file's bytes, opened beneath the job's roots when the worker is confined.
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return absl::DataLossError(absl::StrCat("error reading ", path));
-  return ss.str();
+  auto f = MappedFile::Open(path);
+  if (!f.ok()) return f.status();
+  return std::string(f->contents());
 }
 
 // HF's ByteLevel decoder for one token: its characters' bytes when all are in the ByteLevel
@@ -54,16 +51,17 @@ std::optional<std::string> ConfigTokenContent(const json& value) {
 absl::StatusOr<std::shared_ptr<const Tokenizer>> Tokenizer::LoadDir(const std::string& dir) {
   const std::string path = dir + "/tokenizer.json";
   auto text = ReadFile(path);
-  if (!text.ok()) {
+  if (absl::IsNotFound(text.status())) {
     return absl::NotFoundError(absl::StrCat(text.status().message(),
                                             " (a model directory's HF tokenizer; --tokenizer names the directory)"));
   }
+  if (!text.ok()) return text.status();
   std::string config;
-  const std::string config_path = dir + "/tokenizer_config.json";
-  if (std::ifstream(config_path).good()) {
-    auto c = ReadFile(config_path);
-    if (!c.ok()) return c.status();
+  auto c = ReadFile(dir + "/tokenizer_config.json");  // optional
+  if (c.ok()) {
     config = *std::move(c);
+  } else if (!absl::IsNotFound(c.status())) {
+    return c.status();
   }
   return FromJson(*text, config, path);
 }
