@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -9,6 +10,7 @@
 #include <cstring>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
@@ -29,6 +31,35 @@ int64_t StepOf(const std::string& name, std::string_view suffix) {
   return n;
 }
 
+absl::Status FileError(const std::string& what, const std::string& path) {
+  return absl::InternalError(absl::StrCat("cannot ", what, " ", path, ": ", std::strerror(errno)));
+}
+
+// Calls `each` with the descriptor of the open directory `fd` (which it closes) and the name of each
+// of its entries but "." and "..", until one returns an error. `path` names the directory in errors.
+absl::Status ForEachEntry(int fd, const std::string& path,
+                          const std::function<absl::Status(int, const std::string&)>& each) {
+  DIR* d = ::fdopendir(fd);  // owns fd from here
+  if (d == nullptr) {
+    auto st = FileError("read", path);
+    ::close(fd);
+    return st;
+  }
+  absl::Status st;
+  while (st.ok()) {
+    errno = 0;
+    const dirent* e = ::readdir(d);
+    if (e == nullptr) {
+      if (errno != 0) st = FileError("read", path);
+      break;
+    }
+    const std::string name = e->d_name;
+    if (name != "." && name != "..") st = each(::dirfd(d), name);
+  }
+  ::closedir(d);
+  return st;
+}
+
 // ChownTree beneath the open directory `fd` (which it closes); `path` names it in errors.
 absl::Status ChownBeneath(int fd, const std::string& path, uid_t uid, gid_t gid) {
   auto error = [&](const std::string& what) {
@@ -40,33 +71,96 @@ absl::Status ChownBeneath(int fd, const std::string& path, uid_t uid, gid_t gid)
     ::close(fd);
     return st;
   }
-  DIR* d = ::fdopendir(fd);  // owns fd from here
-  if (d == nullptr) {
-    auto st = error(path);
-    ::close(fd);
-    return st;
-  }
+  return ForEachEntry(fd, path, [&](int dir, const std::string& name) {
+    const std::string sub = path + "/" + name;
+    const int child = ::openat(dir, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (child >= 0) return ChownBeneath(child, sub, uid, gid);
+    if (errno == ENOTDIR || errno == ELOOP) {  // a file or a link: changed itself, never its target
+      if (::fchownat(dir, name.c_str(), uid, gid, AT_SYMLINK_NOFOLLOW) != 0 && errno != ENOENT) return error(sub);
+    } else if (errno != ENOENT) {
+      return error(sub);
+    }
+    return absl::OkStatus();
+  });
+}
+
+// Removes everything beneath the open directory `fd` (which it closes), adding the regular files'
+// bytes to *bytes. Each entry is looked at and removed relative to its parent's descriptor: a
+// directory is opened with O_NOFOLLOW, anything else (a link included) is unlinked itself, so a link
+// planted or swapped in is removed and never followed. `path` names the directory in errors.
+absl::Status RemoveBeneath(int fd, const std::string& path, int64_t* bytes) {
+  return ForEachEntry(fd, path, [&](int dir, const std::string& name) {
+    const std::string sub = path + "/" + name;
+    const int child = ::openat(dir, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (child >= 0) {
+      if (auto st = RemoveBeneath(child, sub, bytes); !st.ok()) return st;
+      if (::unlinkat(dir, name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT) return FileError("remove", sub);
+    } else if (errno == ENOTDIR || errno == ELOOP) {
+      struct stat s {};
+      if (::fstatat(dir, name.c_str(), &s, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(s.st_mode)) *bytes += s.st_size;
+      if (::unlinkat(dir, name.c_str(), 0) != 0 && errno != ENOENT) return FileError("remove", sub);
+    } else if (errno != ENOENT) {
+      return FileError("remove", sub);
+    }
+    return absl::OkStatus();
+  });
+}
+
+// Copies the regular file open as `in` to `name` beneath `to_fd`.
+absl::Status CopyFile(int in, const struct stat& s, int to_fd, const std::string& name, const std::string& dst) {
+  const int out = ::openat(to_fd, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, s.st_mode & 0777);
+  if (out < 0) return FileError("write", dst);
   absl::Status st;
-  while (st.ok()) {
-    errno = 0;
-    const dirent* e = ::readdir(d);
-    if (e == nullptr) {
-      if (errno != 0) st = error(path);
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(in, buf, sizeof buf);
+    if (n == 0) break;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      st = FileError("copy to", dst);
       break;
     }
-    const std::string name = e->d_name;
-    if (name == "." || name == "..") continue;
-    const std::string sub = path + "/" + name;
-    const int child = ::openat(::dirfd(d), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (child >= 0) {
-      st = ChownBeneath(child, sub, uid, gid);
-    } else if (errno == ENOTDIR || errno == ELOOP) {  // a file or a link: changed itself, never its target
-      if (::fchownat(::dirfd(d), name.c_str(), uid, gid, AT_SYMLINK_NOFOLLOW) != 0 && errno != ENOENT) st = error(sub);
-    } else if (errno != ENOENT) {
-      st = error(sub);
+    for (ssize_t done = 0; done < n && st.ok();) {
+      const ssize_t w = ::write(out, buf + done, static_cast<size_t>(n - done));
+      if (w < 0 && errno != EINTR) st = FileError("write", dst);
+      if (w > 0) done += w;
     }
+    if (!st.ok()) break;
   }
-  ::closedir(d);
+  if (::close(out) != 0 && st.ok()) st = FileError("write", dst);
+  return st;
+}
+
+// LinkOrCopyTree from the open directory `from_fd` to the open directory `to_fd` (it closes both).
+// Every source is opened with O_NOFOLLOW beneath its parent's descriptor; links (and anything that
+// is neither a directory nor a regular file) are skipped, so no byte from outside the tree is copied.
+absl::Status LinkOrCopyBeneath(int from_fd, const std::string& from, int to_fd, const std::string& to) {
+  auto st = ForEachEntry(from_fd, from, [&](int dir, const std::string& name) {
+    const std::string src = from + "/" + name, dst = to + "/" + name;
+    const int in = ::openat(dir, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (in < 0) return errno == ELOOP || errno == ENOENT ? absl::OkStatus() : FileError("read", src);  // ELOOP: a link
+    absl::Status st;
+    struct stat s {};
+    if (::fstat(in, &s) != 0) {
+      st = FileError("read", src);
+    } else if (S_ISDIR(s.st_mode)) {
+      if (::mkdirat(to_fd, name.c_str(), s.st_mode & 0777) != 0 && errno != EEXIST) {
+        st = FileError("create", dst);
+      } else if (const int out = ::openat(to_fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+                 out < 0) {
+        st = FileError("create", dst);
+      } else {
+        st = LinkOrCopyBeneath(::dup(in), src, out, dst);
+      }
+    } else if (S_ISREG(s.st_mode)) {
+      // A hard link of the entry itself (linkat without AT_SYMLINK_FOLLOW never follows a link
+      // swapped in since the open); a byte copy from the opened file where links cannot go.
+      if (::linkat(dir, name.c_str(), to_fd, name.c_str(), 0) != 0) st = CopyFile(in, s, to_fd, name, dst);
+    }
+    ::close(in);
+    return st;
+  });
+  ::close(to_fd);
   return st;
 }
 
@@ -92,10 +186,18 @@ int64_t TreeBytes(const std::string& path) {
 }
 
 absl::StatusOr<int64_t> RemoveTree(const std::string& path) {
-  const int64_t bytes = TreeBytes(path);
-  std::error_code ec;
-  fs::remove_all(path, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot remove ", path, ": ", ec.message()));
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return 0;
+    if (errno != ENOTDIR && errno != ELOOP) return FileError("remove", path);
+    struct stat st {};  // a file, or a link: removed itself
+    const int64_t bytes = ::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) ? st.st_size : 0;
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) return FileError("remove", path);
+    return bytes;
+  }
+  int64_t bytes = 0;
+  if (auto st = RemoveBeneath(fd, path, &bytes); !st.ok()) return st;
+  if (::rmdir(path.c_str()) != 0 && errno != ENOENT) return FileError("remove", path);
   return bytes;
 }
 
@@ -119,23 +221,15 @@ absl::Status LinkOrCopyTree(const std::string& from, const std::string& to) {
   std::error_code ec;
   fs::create_directories(to, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", to, ": ", ec.message()));
-  for (fs::recursive_directory_iterator it(from, ec), end; it != end; it.increment(ec)) {
-    if (ec) break;
-    const fs::path dst = fs::path(to) / fs::relative(it->path(), from);
-    if (it->is_directory()) {
-      fs::create_directories(dst, ec);
-    } else {
-      fs::create_hard_link(it->path(), dst, ec);
-      if (ec) {
-        ec.clear();
-        fs::copy_file(it->path(), dst, ec);
-      }
-    }
-    if (ec) return absl::InternalError(absl::StrCat("cannot copy ", it->path().string(), " to ", dst.string(), ": ",
-                                                    ec.message()));
+  const int from_fd = ::open(from.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (from_fd < 0) return FileError("read", from);
+  const int to_fd = ::open(to.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (to_fd < 0) {
+    auto st = FileError("write", to);
+    ::close(from_fd);
+    return st;
   }
-  if (ec) return absl::InternalError(absl::StrCat("cannot read ", from, ": ", ec.message()));
-  return absl::OkStatus();
+  return LinkOrCopyBeneath(from_fd, from, to_fd, to);
 }
 
 int64_t RemovePartialCheckpoints(const std::string& dir) {

@@ -19,7 +19,9 @@ namespace ftd::server {
 // The bytes of the regular files under `path` (0 when it does not exist).
 int64_t TreeBytes(const std::string& path);
 
-// Removes `path` and everything under it; returns the bytes freed. A missing path frees 0.
+// Removes `path` and everything under it; returns the bytes freed. A missing path frees 0. The tree
+// may belong to a worker's user, who could plant or swap in links: it is walked beneath opened
+// directory descriptors (O_NOFOLLOW, unlinkat), so a link is removed itself, never followed.
 absl::StatusOr<int64_t> RemoveTree(const std::string& path);
 
 // The newest complete checkpoint in `dir`: the step-N directory with the highest N that has its
@@ -27,7 +29,9 @@ absl::StatusOr<int64_t> RemoveTree(const std::string& path);
 std::optional<std::string> NewestCheckpoint(const std::string& dir);
 
 // Copies the tree `from` to `to` (which must not exist) with hard links where the filesystem allows
-// and byte copies where it does not (another filesystem).
+// and byte copies where it does not (another filesystem). Each source is opened with O_NOFOLLOW
+// beneath its directory's descriptor; symbolic links (and fifos, sockets, devices) are skipped, so
+// nothing outside `from` is linked or copied.
 absl::Status LinkOrCopyTree(const std::string& from, const std::string& to);
 
 // Gives `dir` and everything under it to uid:gid, never following a symbolic link (the tree may

@@ -76,6 +76,42 @@ TEST_F(JobFilesTest, ACheckpointIsCopiedWithHardLinks) {
   EXPECT_EQ(fs::hard_link_count(dir_ / "b" / "step-5" / "MANIFEST.json"), 2u);
 }
 
+// A job directory belongs to the worker's user, who may plant links in it: deleting it removes the
+// links and never what they point at, and copying it (here across filesystems, so byte copies, not
+// hard links) never copies an outside file's bytes.
+TEST_F(JobFilesTest, LinksInATreeAreNeitherFollowedWhenRemovingNorCopied) {
+  Write(dir_ / "outside" / "secret", "outside bytes");
+  Write(dir_ / "outside" / "d" / "kept", "kept");
+  Write(dir_ / "j" / "step-1" / "MANIFEST.json", "{}");
+  fs::create_symlink(dir_ / "outside" / "secret", dir_ / "j" / "step-1" / "file-link");
+  fs::create_directory_symlink(dir_ / "outside" / "d", dir_ / "j" / "step-1" / "dir-link");
+
+  char tmpl[] = "/dev/shm/ftd-job-files-test-XXXXXX";  // tmpfs: another filesystem than /tmp
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const fs::path other = tmpl;
+  const auto copied = LinkOrCopyTree((dir_ / "j" / "step-1").string(), (other / "step-1").string());
+  EXPECT_TRUE(copied.ok()) << copied;
+  EXPECT_TRUE(fs::is_regular_file(other / "step-1" / "MANIFEST.json"));
+  EXPECT_FALSE(fs::is_regular_file(fs::symlink_status(other / "step-1" / "file-link")));
+  EXPECT_FALSE(fs::exists(other / "step-1" / "dir-link" / "kept"));
+  std::error_code ec;
+  fs::remove_all(other, ec);
+
+  const auto freed = RemoveTree((dir_ / "j").string());
+  ASSERT_TRUE(freed.ok()) << freed.status();
+  EXPECT_EQ(*freed, 2) << "the MANIFEST.json's bytes; links free none";
+  EXPECT_FALSE(fs::exists(fs::symlink_status(dir_ / "j")));
+  std::string secret;
+  std::getline(std::ifstream(dir_ / "outside" / "secret"), secret);
+  EXPECT_EQ(secret, "outside bytes");
+  EXPECT_TRUE(fs::is_regular_file(dir_ / "outside" / "d" / "kept"));
+
+  fs::create_directory_symlink(dir_ / "outside" / "d", dir_ / "j2");  // the tree itself a link
+  EXPECT_EQ(RemoveTree((dir_ / "j2").string()).value(), 0);
+  EXPECT_FALSE(fs::exists(fs::symlink_status(dir_ / "j2")));
+  EXPECT_TRUE(fs::is_regular_file(dir_ / "outside" / "d" / "kept"));
+}
+
 TEST_F(JobFilesTest, TheLogReaderFollowsAGrowingFileAndTailsFromAWholeLine) {
   const fs::path log = dir_ / "worker.log";
   LogReader early(log.string(), 0);
