@@ -218,7 +218,9 @@ def test_a_disk_that_fills_under_a_running_job(tmp_path, job_disk):
     reads and refuses submits naming the disk. Once space is freed it records the restart, requeues
     the job, and the next attempt resumes from the last complete checkpoint to the final step: every
     acknowledged step and checkpoint kept."""
-    steps = 40
+    # Enough steps that the job cannot reach its end while the disk is being filled, on a loaded machine too
+    # (with 40 the job could end before the filler was done: a CI run once waited 120 s for a failure).
+    steps = 400
     spec_ = dict(TINY, batch_size=2, seq_len=16, steps=steps, checkpoint={"every_steps": 2, "keep_last": 1})
     d = Daemon(tmp_path, "--max-attempts", "2")
     filler = job_disk / "filler"
