@@ -43,19 +43,23 @@ def tcp(daemon, *args, token=None, env=None):
 
 @pytest.fixture(scope="module")
 def local_users():
-    """Two unprivileged local users, made with useradd (root only) and removed afterwards."""
+    """Two unprivileged local users (no home, no login shell), made with useradd (root only) when missing.
+    They are left in place: test files that run at the same time share them, and removing them at the end
+    of one pulled them from under the other."""
     if os.geteuid() != 0 or shutil.which("useradd") is None or shutil.which("runuser") is None:
         pytest.skip("needs root, useradd and runuser to make a second local user (CI runs as root)")
-    made = []
     for u in (ALICE, BOB):
-        try:
-            pwd.getpwnam(u)
-        except KeyError:
-            subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", u], check=True)
-            made.append(u)
+        for _ in range(50):  # another test may be adding it, or holding the passwd lock, right now
+            try:
+                pwd.getpwnam(u)
+                break
+            except KeyError:
+                subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", u],
+                               check=False, capture_output=True)
+                time.sleep(0.1)
+        else:
+            pytest.fail(f"could not create the local user {u} with useradd")
     yield
-    for u in made:
-        subprocess.run(["userdel", u], check=False)
 
 
 @pytest.fixture
