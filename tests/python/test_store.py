@@ -165,6 +165,36 @@ def fill(path):
                 assert e.errno == 28, e  # ENOSPC
 
 
+class KeepFull:
+    """Fills `path`'s filesystem and keeps it full: a thread takes back at once whatever room is freed
+    (a checkpoint pruned after its successor was written frees exactly the room the next one needs, so a
+    single fill could leave the job writing and pruning forever)."""
+
+    def __init__(self, path):
+        self.path, self.stop_ = path, threading.Event()
+        fill(path)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        block = b"f" * (64 << 10)
+        with open(self.path, "ab", buffering=0) as f:
+            while not self.stop_.is_set():
+                for size in (len(block), 1):
+                    try:
+                        while True:
+                            f.write(block[:size])
+                    except OSError as e:
+                        assert e.errno == 28, e  # ENOSPC
+                self.stop_.wait(0.002)
+
+    def release(self):
+        """Stops topping up and removes the filler."""
+        self.stop_.set()
+        self.thread.join()
+        os.remove(self.path)
+
+
 def test_full_disk_submit_is_resource_exhausted_and_recovers(tmp_path, small_disk):
     """With the data directory's disk full, SubmitJob answers RESOURCE_EXHAUSTED naming the disk and
     the directory (not INTERNAL), reads still work, and once space is freed submits succeed and every
@@ -218,17 +248,16 @@ def test_a_disk_that_fills_under_a_running_job(tmp_path, job_disk):
     reads and refuses submits naming the disk. Once space is freed it records the restart, requeues
     the job, and the next attempt resumes from the last complete checkpoint to the final step: every
     acknowledged step and checkpoint kept."""
-    # Enough steps that the job cannot reach its end while the disk is being filled, on a loaded machine too
-    # (with 40 the job could end before the filler was done: a CI run once waited 120 s for a failure).
+    # Enough steps that the job cannot reach its end while the disk is being filled, on a loaded machine too.
     steps = 400
     spec_ = dict(TINY, batch_size=2, seq_len=16, steps=steps, checkpoint={"every_steps": 2, "keep_last": 1})
     d = Daemon(tmp_path, "--max-attempts", "2")
-    filler = job_disk / "filler"
+    filler = None
     try:
         job = submit(d, spec_)
         ck = job_disk / "jobs" / job / "checkpoints"
         wait_for(lambda: ck.exists() and any(p.name == "step-00000002" for p in ck.iterdir()), 120, "a checkpoint")
-        fill(filler)
+        filler = KeepFull(job_disk / "filler")
         wait_for(lambda: "CANNOT RECORD the outcome of job " + job in d.read_log(), 120, "the worker to fail")
         line = [l for l in d.read_log().splitlines() if "CANNOT RECORD the outcome of job " + job in l][0]
         assert "No space left on device" in line and "the disk is full" in line, line
@@ -243,7 +272,8 @@ def test_a_disk_that_fills_under_a_running_job(tmp_path, job_disk):
         cli = ftctl(d, "submit", "--default", "--set", "device=cpu")
         assert cli.returncode != 0 and "disk is full" in cli.stderr, cli.stderr
 
-        os.remove(filler)
+        filler.release()
+        filler = None
         done = wait_for(lambda: (lambda j: j if j["state"] in ("FAILED", "SUCCEEDED", "CANCELLED") else None)(
             get(d, job)), 300, "the job to end once there is room")
         assert done["state"] == "SUCCEEDED", done
@@ -252,5 +282,5 @@ def test_a_disk_that_fills_under_a_running_job(tmp_path, job_disk):
         assert f"resumed from {ck / kept[-1]}" in log, (kept, log[-3000:])
     finally:
         d.stop()
-        if filler.exists():
-            os.remove(filler)
+        if filler is not None:
+            filler.release()
