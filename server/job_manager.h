@@ -12,6 +12,16 @@
 // Nothing polls: the scheduling thread runs Tick() when woken (submit, a worker's exit, a freed
 // slot) or at the next deadline it asked for (a retry's backoff, a heartbeat timeout). Tests inject
 // the launcher and the clock and call Tick() themselves.
+// Its definitions are split by concern, one file each:
+//   job_manager.cc                 construction, the scheduling thread and Tick(), pause, drain,
+//                                  TransitionLocked (the one way a job's record changes)
+//   job_manager_recovery.cc        the restart policy and the queue rebuilt at start
+//   job_manager_submit.cc          admission (Submit, validate_only) and Resubmit
+//   job_manager_queue_view.cc      rooms and owners for the policy; Get/List annotations, placement
+//   job_manager_attempts.cc        an attempt's start, launch, cancel and recorded outcome
+//   job_manager_worker_reports.cc  the worker protocol: hello, assignment, reports
+//   job_manager_outputs.cc         event watches, the job's log file, the trace
+//   job_manager_removal.cc         Delete, Prune, retention
 #pragma once
 
 #include <atomic>
@@ -244,6 +254,8 @@ class JobManager {
   void Kick();
   void Loop();
   std::string JobDir(const std::string& id) const;
+  // 128 random bits in hex: an attempt's token, a staging directory's name.
+  static std::string NewToken();
 
   const ManagerConfig cfg_;
   Store* const store_;
