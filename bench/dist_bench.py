@@ -1,15 +1,16 @@
 """Data-parallel scaling on one host: the LLaMA-3.1-8B shape (random init, bf16, fused kernel set) at
-B x T per GPU on 1 GPU and on N GPUs (one ftd-worker process per rank, NCCL), with and without
-ZeRO-1 (optimizer.shard_state), in one invocation. Prints a markdown table and writes
-dist_bench.json: the job's tokens/s (all ranks), the scaling efficiency against N x the 1-GPU run,
-the largest per-rank peak memory, and the step's un-overlapped communication wait.
+B x T per GPU on 1 GPU and on N GPUs (one ftd-worker process per rank, NCCL): unsharded, ZeRO-1
+(optimizer.shard_state) and ZeRO-2 (shard_state and shard_grads), in one invocation. Prints a
+markdown table and writes dist_bench.json: the job's tokens/s (all ranks), the scaling efficiency
+against N x the 1-GPU run, the largest per-rank peak memory and gradient bytes, and the step's
+un-overlapped communication wait.
 
-  python3 bench/dist_bench.py --worker build-gpu/worker/ftd-worker --out DIR [--gpus 2] [--shape 4x2048]
+  python3 bench/dist_bench.py --worker build-gpu/worker/ftd-worker [--out DIR] [--gpus 2] [--shape 4x2048]
       [--layers 32] [--ac none|selective|full] [--steps 10] [--warmup 3] [--variant LABEL:TOKENS ...]
 
-Communication levers: each `--variant LABEL:TOKENS` adds one N-GPU run after the three above, named
-gN-LABEL, whose TOKENS (space-separated) are any of: `zero1` (optimizer.shard_state), ftd-worker
-flags (`--bucket-mib=100`: gradient buckets of 100 MiB instead of 25; `--coalesced-gather`: ZeRO-1's
+Communication levers: each `--variant LABEL:TOKENS` adds one N-GPU run after the four above, named
+gN-LABEL, whose TOKENS (space-separated) are any of: `zero1` (optimizer.shard_state), `zero2`
+(shard_state and shard_grads), ftd-worker flags (`--bucket-mib=100`: gradient buckets of 100 MiB instead of 25; `--coalesced-gather`: ZeRO-1's
 weights as one coalesced group of broadcasts), and NAME=VALUE environment entries for every rank
 (`NCCL_MAX_NCHANNELS=8`: fewer NCCL channels, so fewer SMs taken from backward). E.g.
   --variant "b100:--bucket-mib=100" --variant "ch8:NCCL_MAX_NCHANNELS=8" --variant "z1-coal:zero1 --coalesced-gather"
@@ -18,11 +19,10 @@ Fitting an 80 GB card: a 1-GPU run of the 8B at 4x2048 needs ~81 GiB without act
 checkpointing (docs/performance.md), ~61 GiB with `--ac full`; `--layers 16` keeps the 8B's layer
 shape with half its depth (~45 GiB without checkpointing; written as an HF config.json).
 
-Self-checking: exits 1 when a run fails or when an N-GPU run's (ZeRO-1, a variant) losses and gradient norms
+Self-checking: exits 1 when a run fails or when an N-GPU run's (ZeRO-1, ZeRO-2, a variant) losses and gradient norms
 differ from the N-GPU unsharded run's by more than bf16 rounding (they see the same data).
 `--model tiny --device cpu` runs the same on CPU ranks (Gloo): a check of this script, not a figure.
 """
-import argparse
 import json
 import os
 import statistics
@@ -33,9 +33,12 @@ from pathlib import Path
 
 import numpy as np
 
-# ZeRO-1 (and the levers) against unsharded, step by step (bf16: AdamW runs the same per-tensor math either way; the
-# slack covers the broadcast of bf16 parameters and kernel choices).
-ZERO1_REL = 3e-2
+import bench_cli
+
+# ZeRO-1, ZeRO-2 (and the levers) against unsharded, step by step (bf16: AdamW runs the same per-tensor math either
+# way; the slack covers the broadcast of bf16 parameters, the reduction order and kernel choices).
+ZERO_REL = 3e-2
+ZERO = {0: {}, 1: {"shard_state": True}, 2: {"shard_state": True, "shard_grads": True}}
 
 
 def model_fields(a, work):
@@ -52,33 +55,33 @@ def model_fields(a, work):
 
 
 def parse_variant(text):
-    """LABEL:TOKENS -> (label, zero1, worker flags, environment); ValueError naming what is wrong."""
+    """LABEL:TOKENS -> (label, ZeRO stage 0-2, worker flags, environment); ValueError naming what is wrong."""
     label, sep, rest = text.partition(":")
     if not sep or not label or not label.replace("-", "").replace("_", "").isalnum():
         raise ValueError(f"--variant {text!r}: write LABEL:TOKENS with a label of letters, digits, - and _")
-    zero1, flags, env = False, [], {}
+    zero, flags, env = 0, [], {}
     for tok in rest.split():
-        if tok == "zero1":
-            zero1 = True
+        if tok in ("zero1", "zero2"):
+            zero = int(tok[-1])
         elif tok.startswith("--"):
             flags.append(tok)
         elif "=" in tok and tok.split("=", 1)[0].isupper():
             k, v = tok.split("=", 1)
             env[k] = v
         else:
-            raise ValueError(f"--variant {text!r}: {tok!r} is not zero1, an ftd-worker --flag or a NAME=VALUE "
+            raise ValueError(f"--variant {text!r}: {tok!r} is not zero1, zero2, an ftd-worker --flag or a NAME=VALUE "
                              "environment entry")
-    return label, zero1, flags, env
+    return label, zero, flags, env
 
 
-def run(a, model, tokens, gpus, b, t, shard, work, label=None, flags=(), extra_env=None):
+def run(a, model, tokens, gpus, b, t, zero, work, label=None, flags=(), extra_env=None):
     cuda = a.device == "cuda"
     spec = {"model": model, "data": {"path": str(tokens), "token_dtype": "uint32"},
             "steps": a.steps, "batch_size": b, "seq_len": t, "device": a.device,
             "dtype": "bf16" if cuda else "fp32", "kernel_set": "fused" if cuda else "eager",
             "activation_checkpointing": a.ac, "gpus": gpus, "checkpoint": {"enabled": False},
-            "optimizer": {"lr": 1e-5, "weight_decay": 0.1, "grad_clip": 1.0, "shard_state": shard}}
-    name = f"g{gpus}-{label or ('zero1' if shard else 'plain')}"
+            "optimizer": {"lr": 1e-5, "weight_decay": 0.1, "grad_clip": 1.0, **ZERO[zero]}}
+    name = f"g{gpus}-{label or (f'zero{zero}' if zero else 'plain')}"
     path = work / f"{name}.json"
     path.write_text(json.dumps(spec))
     env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
@@ -105,7 +108,7 @@ def run(a, model, tokens, gpus, b, t, shard, work, label=None, flags=(), extra_e
 
 
 def check_against_unsharded(runs, steps_of):
-    """Messages for each step where a later N-GPU run's (ZeRO-1, a lever) loss or gradient norm is not
+    """Messages for each step where a later N-GPU run's (ZeRO-1, ZeRO-2, a lever) loss or gradient norm is not
     the unsharded run's: they see the same data, so only rounding may differ."""
     plain = steps_of.get(runs[1]["run"])
     bad = []
@@ -115,23 +118,20 @@ def check_against_unsharded(runs, steps_of):
             continue
         for x, y in zip(steps, plain):
             for key in ("loss", "grad_norm"):
-                if abs(x[key] - y[key]) > ZERO1_REL * abs(y[key]):
+                if abs(x[key] - y[key]) > ZERO_REL * abs(y[key]):
                     bad.append(f"step {x['step']}: {other['run']} {key} {x[key]:.5g} vs unsharded {y[key]:.5g}")
     return bad
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--worker", required=True)
-    ap.add_argument("--out", required=True)
+    ap = bench_cli.parser(worker=True)
     ap.add_argument("--gpus", type=int, default=2)
     ap.add_argument("--shape", default="4x2048", help="B x T per GPU")
     ap.add_argument("--model", default="llama-3.1-8b", choices=["llama-3.1-8b", "tiny"])
     ap.add_argument("--layers", type=int, default=32, help="decoder layers of the 8B shape (32: the 8B itself)")
     ap.add_argument("--ac", default="none", choices=["none", "selective", "full"], help="activation_checkpointing")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--warmup", type=int, default=3)
+    bench_cli.add_steps(ap, steps=10, warmup=3)
     ap.add_argument("--timeout", type=int, default=300, help="seconds per run")
     ap.add_argument("--variant", action="append", default=[],
                     help="LABEL:TOKENS, one more N-GPU run (see the module's help); repeatable")
@@ -140,28 +140,31 @@ def main():
         variants = [parse_variant(v) for v in a.variant]
     except ValueError as e:
         ap.error(str(e))
-    b, t = (int(x) for x in a.shape.split("x"))
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
+    shapes = bench_cli.shapes(a.shape)
+    if len(shapes) != 1:
+        ap.error(f"--shape {a.shape!r}: one B x T per GPU, e.g. 4x2048")
+    (b, t), = shapes
+    out = bench_cli.out_dir(a)
     work = Path(tempfile.mkdtemp(prefix="dist-bench-"))
     model, vocab = model_fields(a, work)
     tokens = work / "tokens.bin"
     rows = a.gpus * b * (a.steps + 1)
     np.random.default_rng(0).integers(0, vocab, size=rows * (t + 1), dtype=np.uint32).tofile(tokens)
     runs, steps_of = [], {}
-    plan = [(1, False, None, [], {}), (a.gpus, False, None, [], {}), (a.gpus, True, None, [], {})]
-    plan += [(a.gpus, zero1, label, flags, env) for label, zero1, flags, env in variants]
-    for gpus, shard, label, flags, env in plan:
-        name, steps, result = run(a, model, tokens, gpus, b, t, shard, work, label, flags, env)
+    plan = [(1, 0, None, [], {})] + [(a.gpus, zero, None, [], {}) for zero in (0, 1, 2)]
+    plan += [(a.gpus, zero, label, flags, env) for label, zero, flags, env in variants]
+    for gpus, zero, label, flags, env in plan:
+        name, steps, result = run(a, model, tokens, gpus, b, t, zero, work, label, flags, env)
         steps_of[name] = steps
         meas = steps[a.warmup:]
-        r = {"run": name, "gpus": gpus, "zero1": shard, "levers": " ".join(flags + [f"{k}={v}" for k, v in env.items()]),
+        r = {"run": name, "gpus": gpus, "zero": zero, "levers": " ".join(flags + [f"{k}={v}" for k, v in env.items()]),
              "outcome": result["outcome"], "message": result.get("message", "")}
         if meas and result["outcome"] == "SUCCEEDED":
             r.update(tokens_per_s=statistics.median(s["tokens_per_s"] for s in meas),
                      step_time_s=statistics.median(s["step_time_s"] for s in meas),
                      comm_wait_s=statistics.median(s.get("comm_wait_s", 0.0) for s in meas),
                      max_rank_peak_gib=max(s["max_rank_peak_mem_allocated_bytes"] for s in meas) / 2**30,
+                     max_rank_grad_gib=max(result.get("rank_grad_bytes") or [0]) / 2**30,
                      loss_first=steps[0]["loss"], loss_last=steps[-1]["loss"])
         runs.append(r)
         print(json.dumps(r), file=sys.stderr)
@@ -170,19 +173,21 @@ def main():
     what = "LLaMA-3.1-8B shape" if a.model == "llama-3.1-8b" else a.model
     print(f"{what}{depth}, {'bf16, fused' if a.device == 'cuda' else 'fp32, eager, CPU'}, activation checkpointing "
           f"{a.ac}, {b}x{t} per GPU, {a.steps} steps ({a.warmup} warm-up), median\n")
-    print("| GPUs | ZeRO-1 | levers | tokens/s (job) | x 1 GPU | efficiency | step (s) | comm wait (s) | max per-rank peak |")
-    print("|---:|---|---|---:|---:|---:|---:|---:|---:|")
+    print("| GPUs | ZeRO | levers | tokens/s (job) | x 1 GPU | efficiency | step (s) | comm wait (s) | max per-rank peak "
+          "| max per-rank gradients |")
+    print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in runs:
-        head = f"| {r['gpus']} | {'yes' if r['zero1'] else 'no'} | {r['levers']} |"
+        head = f"| {r['gpus']} | {r['zero'] or '-'} | {r['levers']} |"
         if "tokens_per_s" not in r:
-            print(f"{head} {r['outcome']}: {r['message'][:200]} | | | | | |")
+            print(f"{head} {r['outcome']}: {r['message'][:200]} | | | | | | |")
             continue
         speedup = r["tokens_per_s"] / base if base else None
         eff = speedup / r["gpus"] if speedup else None
         r.update(speedup=speedup, efficiency=eff)
         print(f"{head} {r['tokens_per_s']:,.0f} | "
               f"{'' if speedup is None else f'{speedup:.2f}'} | {'' if eff is None else f'{eff:.1%}'} | "
-              f"{r['step_time_s']:.3f} | {r['comm_wait_s']:.3f} | {r['max_rank_peak_gib']:.1f} GiB |")
+              f"{r['step_time_s']:.3f} | {r['comm_wait_s']:.3f} | {r['max_rank_peak_gib']:.1f} GiB | "
+              f"{r['max_rank_grad_gib']:.3g} GiB |")
     problems = [f"{r['run']}: {r['outcome']}" for r in runs if "tokens_per_s" not in r] + check_against_unsharded(runs, steps_of)
     config = {"model": model, "layers": a.layers, "ac": a.ac, "shape": a.shape, "device": a.device,
               "steps": a.steps, "warmup": a.warmup}

@@ -27,11 +27,11 @@
 #       bench/pack_bench.py flags).
 #   dist: data parallel on a host with 2+ GPUs (DIST_GPUS, default 2): distributed_gpu_test (NCCL ranks
 #       against one process, fp32 and bf16), the NCCL all-reduce bandwidth (bench/allreduce_bw.py), then
-#       bench/dist_bench.py (4x2048 per GPU, 1 vs N GPUs, with/without ZeRO-1: the 8B with full activation
-#       checkpointing, and the 8B shape with 16 layers; DIST_ARGS: more flags). Fails when a test or a
-#       run fails or ZeRO-1 departs from unsharded.
+#       bench/dist_bench.py (4x2048 per GPU, 1 vs N GPUs, unsharded, ZeRO-1 and ZeRO-2: the 8B with full
+#       activation checkpointing, and the 8B shape with 16 layers; DIST_ARGS: more flags). Fails when a
+#       test or a run fails or ZeRO-1 or ZeRO-2 departs from unsharded.
 #   dist-levers: the communication levers on 2+ GPUs (bench/dist_bench.py --variant, the 8B with full
-#       activation checkpointing at 4x2048 per GPU): 1 GPU, N GPUs and ZeRO-1 as in dist, then N GPUs with
+#       activation checkpointing at 4x2048 per GPU): 1 GPU, N GPUs, ZeRO-1 and ZeRO-2 as in dist, then N GPUs with
 #       100 and 256 MiB gradient buckets, 8 and 4 NCCL channels, 256 MiB with 8 channels, and ZeRO-1 with
 #       the coalesced gather (about 6 minutes after the build, estimated; other levers: run dist_bench.py).
 #   ab: this tree's ftd-worker against another version's, the 8B fused step in one invocation
@@ -124,20 +124,20 @@ for stage in "${stages[@]}"; do
       stamp "two 8B LoRA jobs on one GPU through ftd, against one alone"
       python3 bench/pack_bench.py --build "$build" --out "$out" ${PACK_ARGS:-} 2>&1 | tee "$out/pack_bench.log" ;;
     dist)
-      # Needs a host with 2+ GPUs (nvidia-h100-x2 / nvidia-h200-x2); about 4 minutes after the build (estimated).
+      # Needs a host with 2+ GPUs (nvidia-h100-x2 / nvidia-h200-x2); about 5 minutes after the build (estimated).
       if [ "$ngpus" -lt 2 ]; then echo "gpu.sh: the dist stage needs 2+ GPUs; this host has $ngpus"; rc=1; continue; fi
-      stamp "data parallel: NCCL correctness (2 ranks = 1 process at the combined batch, fp32 and bf16; ZeRO-1; resume)"
+      stamp "data parallel: NCCL correctness (2 ranks = 1 process at the combined batch, fp32 and bf16; ZeRO-1, ZeRO-2; resume)"
       (cd "$build" && FTD_TEST_NO_SKIP=1 ctest -R '^distributed_gpu_test$' --output-on-failure --timeout 600 2>&1) \
         > "$out/dist_test.log" || { rc=1; echo "gpu.sh: distributed_gpu_test FAILED"; }
       grep -E "passed|failed|error|assert|Tests? +#|tests passed" "$out/dist_test.log" | tail -12
       stamp "NCCL all-reduce bandwidth between ${DIST_GPUS:-2} GPUs (docs/distributed.md's B_nvl)"
       timeout 300 python3 bench/allreduce_bw.py --out "$out" --gpus "${DIST_GPUS:-2}" 2>&1 | tee "$out/allreduce_bw.log" | tail -6
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
-      # 1 vs N GPUs at 4x2048 per GPU, with and without ZeRO-1, in two sizes that fit an 80 GB card:
+      # 1 vs N GPUs at 4x2048 per GPU, unsharded, ZeRO-1 and ZeRO-2, in two sizes that fit an 80 GB card:
       # the 8B with full activation checkpointing, and the 8B's layer shape at half depth without.
       for cfg in "8b-ac-full:--ac full" "8b-shape-16-layers:--layers 16"; do
         name=${cfg%%:*}
-        stamp "data parallel bench: $name, 1 vs ${DIST_GPUS:-2} GPUs, with and without ZeRO-1"
+        stamp "data parallel bench: $name, 1 vs ${DIST_GPUS:-2} GPUs, unsharded, ZeRO-1 and ZeRO-2"
         # shellcheck disable=SC2086
         python3 bench/dist_bench.py --worker "$build/worker/ftd-worker" --out "$out/dist-$name" --gpus "${DIST_GPUS:-2}" \
           --steps 8 --timeout 150 ${cfg#*:} ${DIST_ARGS:-} 2>&1 | tee "$out/dist-$name.log" | grep -v "^{"

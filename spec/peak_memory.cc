@@ -65,6 +65,12 @@ PeakMemory PredictPeakMemory(const LlamaConfig& m, const TrainConfig& c, bool gp
     p.optimizer = 2 * params * (masters ? 4 : e) / shards;
     p.gradients = params * e;
   }
+  if (c.optimizer.shard_grads && c.optimizer.shard_state && c.gpus > 1 && c.grad_accum_steps == 1) {
+    // ZeRO-2: each rank keeps the reduced gradients of its 1/gpus of the tensors, plus the buckets
+    // whose reduce-scatter is in flight (at most two of about 25 MiB, docs/distributed.md). With
+    // accumulation every gradient is kept until the last micro-batch.
+    p.gradients = std::min(p.gradients, p.gradients / c.gpus + 2 * 25.0 * (1 << 20));
+  }
   if (c.optimizer.overlap && c.grad_accum_steps == 1) {
     // Each group (a layer, or the embedding / lm_head alone) is updated and its gradients freed as
     // soon as they are final: the largest group's gradients at most. With accumulation every

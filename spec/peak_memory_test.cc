@@ -45,6 +45,22 @@ TEST(PeakMemory, ShardedOptimizerStateKeepsItsShareOnEachRank) {
   EXPECT_NEAR((plain.optimizer - zero1.optimizer) / kGiB, 14.96, 0.01);  // half of 2 bf16 moments of 8.03 B
 }
 
+TEST(PeakMemory, ShardedGradientsKeepTheirShareOnEachRank) {
+  const auto m = *PresetLlamaConfig("llama-3.1-8b");
+  TrainConfig c = Job(4, 2048, "fused");
+  c.gpus = 8;
+  c.optimizer.shard_state = true;
+  const auto zero1 = PredictPeakMemory(m, c, /*gpu=*/true);
+  c.optimizer.shard_grads = true;
+  const auto zero2 = PredictPeakMemory(m, c, /*gpu=*/true);
+  EXPECT_DOUBLE_EQ(zero2.optimizer, zero1.optimizer);
+  // 1/8 of the bf16 gradients of 8.03 B (14.96 GiB) and two 25 MiB buckets in flight.
+  EXPECT_NEAR(zero2.gradients / kGiB, 14.96 / 8 + 0.05, 0.01);
+  // With accumulation every gradient is kept until the last micro-batch's backward.
+  c.grad_accum_steps = 2;
+  EXPECT_DOUBLE_EQ(PredictPeakMemory(m, c, true).gradients, zero1.gradients);
+}
+
 TEST(PeakMemory, LoraHoldsTheFrozenBaseAndLittleElse) {
   const auto m = *PresetLlamaConfig("llama-3.1-8b");
   auto c = Job(1, 512, "fused");

@@ -125,6 +125,7 @@ absl::StatusOr<TrainConfig> ToTrainConfig(const ftd::v1::TrainSpec& s) {
   if (o.has_grad_clip()) c.optimizer.grad_clip = o.grad_clip();
   if (o.has_shard_state()) c.optimizer.shard_state = o.shard_state();
   if (o.has_overlap()) c.optimizer.overlap = o.overlap();
+  if (o.has_shard_grads()) c.optimizer.shard_grads = o.shard_grads();
   const auto& sc = s.schedule();
   if (sc.has_kind()) c.schedule.kind = sc.kind();
   if (sc.has_warmup_steps()) c.schedule.warmup_steps = sc.warmup_steps();

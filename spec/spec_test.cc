@@ -116,6 +116,19 @@ TEST(Spec, OptimizerOverlapReachesTheConfigAndNeedsNoClipping) {
             "backward; set optimizer.overlap false or gpus 1 (got gpus 2)");
 }
 
+TEST(Spec, ShardedGradientsReachTheConfigAndNeedTheShardedState) {
+  EXPECT_FALSE(TrainConfig().optimizer.shard_grads);
+  auto on = ToTrainConfig(
+      *ParseTrainSpecJson(R"({"optimizer": {"shard_state": true, "shard_grads": true}, "gpus": 2, "device": "cpu"})"));
+  ASSERT_TRUE(on.ok()) << on.status();
+  EXPECT_TRUE(on->optimizer.shard_grads);
+  auto alone = ToTrainConfig(*ParseTrainSpecJson(R"({"optimizer": {"shard_grads": true}, "gpus": 2, "device": "cpu"})"));
+  EXPECT_EQ(alone.status().message(),
+            "spec.optimizer.shard_grads needs optimizer.shard_state true: a rank keeps the gradients of the tensors "
+            "whose AdamW state it holds (ZeRO-2 shards the gradients as ZeRO-1 shards the state); set "
+            "optimizer.shard_state true, or optimizer.shard_grads false (got shard_state false)");
+}
+
 TEST(Spec, CudaGraphsReachTheConfigAndRefuseWhatAGraphCannotHold) {
   auto on = ToTrainConfig(*ParseTrainSpecJson(R"({"kernel_tuning": {"cuda_graphs": true}})"));
   ASSERT_TRUE(on.ok()) << on.status();

@@ -127,6 +127,13 @@ absl::Status TrainConfig::Validate() const {
                    "optimizer.overlap false or gpus 1",
                    absl::StrCat("gpus ", gpus));
   }
+  if (optimizer.shard_grads && !optimizer.shard_state) {
+    return Invalid("optimizer.shard_grads",
+                   "needs optimizer.shard_state true: a rank keeps the gradients of the tensors whose AdamW state it "
+                   "holds (ZeRO-2 shards the gradients as ZeRO-1 shards the state); set optimizer.shard_state true, "
+                   "or optimizer.shard_grads false",
+                   "shard_state false");
+  }
   if (schedule.kind != "constant" && schedule.kind != "cosine") {
     return Invalid("schedule.kind", "must be \"constant\" or \"cosine\"", schedule.kind);
   }

@@ -54,6 +54,7 @@ struct OptimizerConfig {
   double weight_decay = 0.1;  // decoupled; applied to tensors of rank >= 2 only
   double grad_clip = 1.0;     // max global L2 norm; 0 disables
   bool shard_state = false;   // gpus > 1: AdamW state sharded over the ranks (ZeRO-1)
+  bool shard_grads = false;   // with shard_state: reduced gradients sharded the same way (ZeRO-2)
   bool overlap = false;       // per-layer update inside backward, gradients freed early; needs grad_clip 0
 };
 

@@ -228,7 +228,8 @@ int Run(const std::string& spec_path, bool use_default, const std::vector<std::s
                               {"final_loss", sum.final_loss},
                               {"final_eval_loss", sum.final_eval_loss ? nlohmann::json(*sum.final_eval_loss)
                                                                       : nlohmann::json()},
-                              {"last_checkpoint", sum.last_checkpoint}}
+                              {"last_checkpoint", sum.last_checkpoint},
+                              {"rank_grad_bytes", sum.rank_grad_bytes}}
                    .dump()
             << std::endl;
   if (!std::cout) std::cerr << "ftd-worker: writing to stdout failed: " << std::strerror(errno) << "\n";

@@ -4,6 +4,7 @@ scripts/gpu.sh's test and dist stages):
 - 2 ranks at batch B give the losses and gradient norms of one process at batch 2B (fp32; on a GPU
   also bf16 with the fused kernel set), within TOL;
 - ZeRO-1 (optimizer.shard_state) gives the unsharded results;
+- ZeRO-2 (optimizer.shard_grads too) gives them while each rank keeps about 1/N of the gradients;
 - a sharded checkpoint resumes exactly on the same number of ranks, and on another (re-sharding)."""
 import json
 import os
@@ -115,11 +116,49 @@ def test_sharded_optimizer_state_equals_unsharded(tmp_path):
     assert_same_steps(zero1, plain, "ZeRO-1 vs unsharded")
 
 
-def test_sharded_checkpoint_resumes_exactly_on_the_same_and_another_number_of_ranks(tmp_path):
-    zero1 = {"shard_state": True}
-    full, _ = run_ranks(spec(batch_size=2, gpus=2, steps=6, optimizer=zero1), tmp_path, "full")
+ZERO2 = {"shard_state": True, "shard_grads": True}
+
+
+def test_sharded_gradients_equal_unsharded_with_a_share_of_the_gradients_on_each_rank(tmp_path):
+    """ZeRO-2: the losses and gradient norms of the unsharded run (with gradient accumulation, and with
+    1 MiB buckets: several reduce-scatters in flight), while each rank's gradients at the step take
+    about half the bytes of all of them (unsharded, every rank holds all of them; ZeRO-1 too), the
+    two halves adding up to the whole."""
+    accum = {"batch_size": 2, "gpus": 2, "grad_accum_steps": 2}
+    plain, plain_res = run_ranks(spec(**accum), tmp_path, "plain")
+    zero2, zero2_res = run_ranks(spec(**accum, optimizer=ZERO2), tmp_path, "zero2")
+    small, small_res = run_ranks(spec(**accum, optimizer=ZERO2), tmp_path, "small", args=["--bucket-mib", "1"])
+    assert_same_steps(zero2, plain, "ZeRO-2 vs unsharded")
+    assert_same_steps(small, plain, "ZeRO-2 with 1 MiB buckets vs unsharded")
+    log = (tmp_path / "small.rank0.err").read_text()
+    buckets = int(log.split(" gradient buckets of about 1 MiB, reduce-scattered")[0].rsplit(" ", 1)[1])
+    assert buckets > 2, log[-2000:]  # more than GradReducer::kMaxInFlight: the oldest is waited for
+    assert "AdamW state and gradients sharded (ZeRO-2)" in log
+    whole = plain_res["rank_grad_bytes"][0]
+    assert plain_res["rank_grad_bytes"] == [whole, whole]
+    for res in (zero2_res, small_res):
+        shares = res["rank_grad_bytes"]
+        assert sum(shares) == whole, (shares, whole)
+        assert all(0 < b <= 0.55 * whole for b in shares), (shares, whole)
+
+
+def test_sharded_gradients_need_the_sharded_state(tmp_path):
+    code, _, result, _ = run_worker(spec(gpus=2, optimizer={"shard_grads": True}), tmp_path, check=False)
+    assert code != 0
+    assert "spec.optimizer.shard_grads needs optimizer.shard_state true" in result["message"]
+    assert "set optimizer.shard_state true, or optimizer.shard_grads false" in result["message"]
+
+
+@pytest.mark.parametrize("stage", ["zero1", "zero2"])
+def test_sharded_checkpoint_resumes_exactly_on_the_same_and_another_number_of_ranks(tmp_path, stage):
+    """Written by 2 ranks x batch 2: resumed by the same 2 ranks, and by another number of them with
+    the same combined batch: one process x 4, which takes both shards, or (ZeRO-2, where there are 4
+    CPUs or GPUs to run on) 4 ranks x 1, which re-shard the AdamW state by parameter name and keep
+    about a quarter of the gradients each."""
+    zero = {"shard_state": True} if stage == "zero1" else ZERO2
+    full, _ = run_ranks(spec(batch_size=2, gpus=2, steps=6, optimizer=zero), tmp_path, "full")
     ck = tmp_path / "ck"
-    first, result = run_ranks(spec(batch_size=2, gpus=2, steps=3, optimizer=zero1,
+    first, result = run_ranks(spec(batch_size=2, gpus=2, steps=3, optimizer=zero,
                                    checkpoint={"dir": str(ck), "enabled": True}), tmp_path, "first")
     step3 = ck / "step-00000003"
     manifest = json.loads((step3 / "MANIFEST.json").read_text())
@@ -131,14 +170,21 @@ def test_sharded_checkpoint_resumes_exactly_on_the_same_and_another_number_of_ra
     # The same two ranks resume: steps 4..6 as the uninterrupted run.
     same = tmp_path / "same"
     subprocess.run(["cp", "-r", str(ck), str(same)], check=True)
-    resumed, _ = run_ranks(spec(batch_size=2, gpus=2, steps=6, optimizer=zero1,
+    resumed, _ = run_ranks(spec(batch_size=2, gpus=2, steps=6, optimizer=zero,
                                 checkpoint={"dir": str(same), "enabled": True}), tmp_path, "resumed")
     assert [s["step"] for s in resumed] == [4, 5, 6]
     assert_same_steps(resumed, full[3:], "resumed on 2 ranks")
-    # One process with the same combined batch takes both shards (re-sharding by parameter name).
-    _, one, _, _ = run_worker(spec(batch_size=4, steps=6, checkpoint={"dir": str(ck), "enabled": True}), tmp_path)
-    assert [s["step"] for s in one] == [4, 5, 6]
-    assert_same_steps(one, full[3:], "resumed on 1 process")
+    four = stage == "zero2" and (DEVICE == "cpu" or torch.cuda.device_count() >= 4)
+    if four:
+        other, res = run_ranks(spec(batch_size=1, gpus=4, steps=6, optimizer=zero,
+                                    checkpoint={"dir": str(ck), "enabled": True}), tmp_path, "four")
+        shares = res["rank_grad_bytes"]
+        assert len(shares) == 4 and all(0 < b <= 0.3 * sum(shares) for b in shares), shares
+    else:
+        _, other, _, _ = run_worker(spec(batch_size=4, steps=6, checkpoint={"dir": str(ck), "enabled": True}),
+                                    tmp_path)
+    assert [s["step"] for s in other] == [4, 5, 6]
+    assert_same_steps(other, full[3:], f"resumed by {'4 ranks' if four else '1 process'}")
 
 
 def test_a_different_combined_batch_is_refused_naming_the_fields(tmp_path):
@@ -208,8 +254,9 @@ def test_a_job_asking_for_more_gpus_than_the_host_has_is_refused_at_submit(daemo
 
 @cpu_only
 def test_dist_bench_runs_on_cpu_ranks_and_fails_when_a_run_does(tmp_path):
-    """bench/dist_bench.py end to end on CPU ranks (tiny model, Gloo): its three runs (1 rank, 2 ranks,
-    2 ranks with ZeRO-1) succeed, ZeRO-1 agrees with unsharded, the table and JSON say so, exit 0; a
+    """bench/dist_bench.py end to end on CPU ranks (tiny model, Gloo): its four runs (1 rank, 2 ranks,
+    2 ranks with ZeRO-1 and with ZeRO-2) succeed, ZeRO-1 and ZeRO-2 agree with unsharded, ZeRO-2's ranks hold
+    about half the gradients, the table and JSON say so, exit 0; a
     --variant adds a run with its levers; a token it does not know is refused; a run that fails
     (killed at its time limit) makes it exit 1 naming the run."""
     import sys
@@ -219,21 +266,23 @@ def test_dist_bench_runs_on_cpu_ranks_and_fails_when_a_run_does(tmp_path):
     p = subprocess.run(cmd + ["--out", str(tmp_path / "ok")], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr[-3000:]
     res = json.loads((tmp_path / "ok" / "dist_bench.json").read_text())
-    assert [(r["gpus"], r["zero1"], r["outcome"]) for r in res["runs"]] == \
-        [(1, False, "SUCCEEDED"), (2, False, "SUCCEEDED"), (2, True, "SUCCEEDED")]
+    assert [(r["gpus"], r["zero"], r["outcome"]) for r in res["runs"]] == \
+        [(1, 0, "SUCCEEDED"), (2, 0, "SUCCEEDED"), (2, 1, "SUCCEEDED"), (2, 2, "SUCCEEDED")]
     assert res["problems"] == [] and all(r["tokens_per_s"] > 0 for r in res["runs"])
-    assert "| 2 | yes |" in p.stdout and "dist_bench: ok" in p.stdout
+    grads = [r["max_rank_grad_gib"] for r in res["runs"]]
+    assert grads[0] == grads[1] == grads[2] > 0 and grads[3] <= 0.55 * grads[1], grads
+    assert "| 2 | 1 |" in p.stdout and "| 2 | 2 |" in p.stdout and "dist_bench: ok" in p.stdout
     # A lever variant: one more 2-rank run, its flags and environment passed to every rank.
     p = subprocess.run(cmd + ["--out", str(tmp_path / "lever"), "--steps", "2", "--variant",
                               "z1c:zero1 --coalesced-gather --bucket-mib=1 NCCL_MAX_NCHANNELS=2"],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr[-3000:]
     res = json.loads((tmp_path / "lever" / "dist_bench.json").read_text())
-    assert [(r["run"], r["zero1"], r["outcome"]) for r in res["runs"]][3:] == [("g2-z1c", True, "SUCCEEDED")]
-    assert res["runs"][3]["levers"] == "--coalesced-gather --bucket-mib=1 NCCL_MAX_NCHANNELS=2"
+    assert [(r["run"], r["zero"], r["outcome"]) for r in res["runs"]][4:] == [("g2-z1c", 1, "SUCCEEDED")]
+    assert res["runs"][4]["levers"] == "--coalesced-gather --bucket-mib=1 NCCL_MAX_NCHANNELS=2"
     assert "| --coalesced-gather --bucket-mib=1 NCCL_MAX_NCHANNELS=2 |" in p.stdout
-    p = subprocess.run(cmd + ["--out", str(tmp_path / "typo"), "--variant", "x:zero2"], capture_output=True, text=True)
-    assert p.returncode == 2 and "'zero2' is not zero1" in p.stderr
+    p = subprocess.run(cmd + ["--out", str(tmp_path / "typo"), "--variant", "x:zero3"], capture_output=True, text=True)
+    assert p.returncode == 2 and "'zero3' is not zero1, zero2" in p.stderr
     p = subprocess.run(cmd + ["--out", str(tmp_path / "bad"), "--timeout", "0"], capture_output=True, text=True,
                        timeout=300)
     assert p.returncode == 1, p.stdout

@@ -106,8 +106,9 @@ struct ReadyHook final : torch::autograd::PostAccumulateGradHook {
   size_t index;
 };
 
-GradReducer::GradReducer(Ranks& ranks, const std::vector<torch::Tensor>& params, int64_t bucket_bytes)
-    : ranks_(ranks), params_(params), bucket_of_(params.size()) {
+GradReducer::GradReducer(Ranks& ranks, const std::vector<torch::Tensor>& params, int64_t bucket_bytes,
+                         std::vector<int> owners)
+    : ranks_(ranks), params_(params), owners_(std::move(owners)), bucket_of_(params.size()) {
   int64_t bytes = 0;
   for (size_t k = params_.size(); k-- > 0;) {
     const auto& p = params_[k];
@@ -120,6 +121,13 @@ GradReducer::GradReducer(Ranks& ranks, const std::vector<torch::Tensor>& params,
     buckets_.back().params.push_back(k);
     bucket_of_[k] = buckets_.size() - 1;
     bytes += p.numel() * p.element_size();
+  }
+  if (!owners_.empty()) {  // ZeRO-2: each bucket owner by owner, so that rank r's part is contiguous
+    for (auto& b : buckets_) {
+      std::stable_sort(b.params.begin(), b.params.end(), [&](size_t x, size_t y) { return owners_[x] < owners_[y]; });
+      b.part.assign(static_cast<size_t>(ranks_.world()), 0);
+      for (size_t k : b.params) b.part[static_cast<size_t>(owners_[k])] += params_[k].numel();
+    }
   }
   for (size_t k = 0; k < params_.size(); ++k) {
     torch::autograd::impl::set_post_acc_grad_hooks(params_[k], std::make_unique<ReadyHook>(this, k));
@@ -160,6 +168,18 @@ void GradReducer::Launch(Bucket& b) {
     flat.push_back(p.grad().reshape({-1}));
   }
   b.flat = torch::cat(flat);
+  b.launched = true;
+  if (!owners_.empty()) {
+    // ZeRO-2: the bucket holds the only copy now; this rank's part of the sums arrives in `mine`.
+    for (size_t k : b.params) params_[k].mutable_grad() = torch::Tensor();
+    std::vector<std::vector<torch::Tensor>> in{b.flat.split_with_sizes(b.part)};
+    b.mine = torch::empty({b.part[static_cast<size_t>(ranks_.rank())]}, b.flat.options());
+    std::vector<torch::Tensor> out{b.mine};
+    b.work = ranks_.backend().reduce_scatter(out, in);
+    in_flight_.push_back(static_cast<size_t>(&b - buckets_.data()));
+    while (static_cast<int>(in_flight_.size()) > kMaxInFlight) Retire(buckets_[in_flight_.front()]);
+    return;
+  }
   // The gradients become views of the bucket, which is reduced in place: the originals are freed
   // now, so the reduction costs no second copy of the gradients (DDP's gradient_as_bucket_view).
   int64_t off = 0;
@@ -171,7 +191,24 @@ void GradReducer::Launch(Bucket& b) {
   }
   std::vector<torch::Tensor> v{b.flat};
   b.work = ranks_.backend().allreduce(v);
-  b.launched = true;
+}
+
+void GradReducer::Retire(Bucket& b) {
+  if (!b.work) return;
+  b.work->wait();  // the sums are in place (GPU: once the stream gets here)
+  b.work.reset();
+  b.flat = torch::Tensor();  // unsharded: the gradients, views of it, keep it until ZeroGrad
+  if (owners_.empty()) return;
+  in_flight_.erase(std::find(in_flight_.begin(), in_flight_.end(), static_cast<size_t>(&b - buckets_.data())));
+  int64_t off = 0;
+  for (size_t k : b.params) {
+    if (owners_[k] != ranks_.rank()) continue;
+    auto& p = params_[k];
+    const int64_t n = p.numel();
+    p.mutable_grad() = b.mine.slice(0, off, off + n).view(p.sizes());
+    off += n;
+  }
+  b.mine = torch::Tensor();  // its views keep it
 }
 
 void GradReducer::Finish() {
@@ -182,11 +219,7 @@ void GradReducer::Finish() {
   for (auto& b : buckets_) {
     if (!b.launched) Launch(b);
   }
-  for (auto& b : buckets_) {
-    b.work->wait();  // the gradients, views of b.flat, hold the sums (GPU: once the stream gets here)
-    b.flat = torch::Tensor();  // the gradients keep it alive until ZeroGrad
-    b.work.reset();
-  }
+  for (auto& b : buckets_) Retire(b);
   armed_ = false;
   if (cuda_) events_[1].record();
   wait_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

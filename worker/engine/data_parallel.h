@@ -55,12 +55,23 @@ class Ranks {
   c10::intrusive_ptr<c10d::Backend> backend_;
 };
 
+// ZeRO-2 (`owners` given): each bucket is laid out owner by owner and reduce-scattered (c10d
+// reduce_scatter, SUM, one part per rank, parts of any size, empty ones included), so each rank
+// receives the sums of the gradients it owns and keeps nothing of the others': their gradients are
+// released when the bucket is launched, and the bucket itself once its reduction is done. At most
+// kMaxInFlight buckets are in flight; launching another first waits for the oldest. The CPU path
+// needs no stand-in: ProcessGroupGloo in LibTorch 2.11 takes reduce_scatter on CPU tensors with
+// parts of different sizes, empty ones included. ProcessGroupNCCL runs parts of different sizes as
+// one group of ncclReduce calls (one per owner) and equal parts as one ncclReduceScatter.
 class GradReducer {
  public:
   static constexpr int64_t kBucketBytes = 25 << 20;
+  static constexpr int kMaxInFlight = 2;  // ZeRO-2: buckets whose reduction may be pending at once
   // `params`: the trainable parameters, in the model's order (buckets are cut in reverse order,
-  // the order backward produces them in). Installs a post-accumulate-grad hook on each.
-  GradReducer(Ranks& ranks, const std::vector<torch::Tensor>& params, int64_t bucket_bytes = kBucketBytes);
+  // the order backward produces them in). Installs a post-accumulate-grad hook on each. `owners`
+  // (ZeRO-2; empty: every rank keeps every reduced gradient): the rank that keeps each one's.
+  GradReducer(Ranks& ranks, const std::vector<torch::Tensor>& params, int64_t bucket_bytes = kBucketBytes,
+              std::vector<int> owners = {});
   ~GradReducer();
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;
@@ -68,7 +79,7 @@ class GradReducer {
   // The next backward pass completes the step's gradients: reduce each bucket as it becomes final.
   void Arm();
   // After that backward: reduces what no hook launched and waits for every bucket; the gradients
-  // are then views of the reduced buckets. Returns the seconds this took (the communication backward did not
+  // are then views of the reduced buckets (ZeRO-2: of this rank's parts; the others' undefined). Returns the seconds this took (the communication backward did not
   // hide): wall time on the CPU; on a GPU, CUDA events read by ReadWait() after the step syncs.
   void Finish();
   double ReadWait();
@@ -76,20 +87,26 @@ class GradReducer {
 
  private:
   struct Bucket {
-    std::vector<size_t> params;
+    std::vector<size_t> params;  // ZeRO-2: grouped by owner, owner 0 first
+    std::vector<int64_t> part;   // ZeRO-2: elements of each rank's part
     int ready = 0;
     bool launched = false;
     torch::Tensor flat;
+    torch::Tensor mine;          // ZeRO-2: this rank's part, reduced
     c10::intrusive_ptr<c10d::Work> work;
   };
   friend struct ReadyHook;
   void Ready(size_t param);
   void Launch(Bucket& b);
+  // Waits for a launched bucket's reduction and points the gradients at its result.
+  void Retire(Bucket& b);
 
   Ranks& ranks_;
   std::vector<torch::Tensor> params_;
+  std::vector<int> owners_;
   std::vector<Bucket> buckets_;
   std::vector<size_t> bucket_of_;
+  std::vector<size_t> in_flight_;  // ZeRO-2: launched, not retired, oldest first
   std::mutex mu_;
   bool armed_ = false;
   double wait_s_ = 0;
@@ -97,7 +114,7 @@ class GradReducer {
   std::vector<at::cuda::CUDAEvent> events_;  // GPU: around Finish's waits
 };
 
-// The owner of each parameter under ZeRO-1: greedy by size, so each rank holds about 1/world of
+// The owner of each parameter under ZeRO-1 and ZeRO-2: greedy by size, so each rank holds about 1/world of
 // the elements. Deterministic: every rank computes the same assignment.
 std::vector<int> ShardOwners(const std::vector<torch::Tensor>& params, int world);
 

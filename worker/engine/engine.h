@@ -98,6 +98,8 @@ struct RunSummary {
   double final_loss = 0;
   std::optional<double> final_eval_loss;  // the last held-out loss (data.eval_path or eval_fraction)
   std::string last_checkpoint;  // directory of the newest checkpoint written or resumed from
+  // Per rank, the bytes its gradients took at the last step (ZeRO-2: about 1/gpus of them).
+  std::vector<uint64_t> rank_grad_bytes;
 };
 
 struct RunHooks {

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <filesystem>
 #include <optional>
+#include <set>
 
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/record_function.h>
@@ -116,6 +117,8 @@ class TrainingRun {
     }
   }
   bool lead() const { return rank_.rank == 0; }  // writes the model and reports
+  // ZeRO-2: this rank keeps the reduced gradients of the tensors it owns only.
+  bool shard_grads() const { return world_ > 1 && cfg_.optimizer.shard_state && cfg_.optimizer.shard_grads; }
   bool Fail(Outcome o, std::string msg) {
     sum_.outcome = o;
     sum_.message = std::move(msg);
@@ -135,6 +138,8 @@ class TrainingRun {
   void AgreeOnStep(bool* stop, bool* skip_checkpoint, int64_t* real_tokens, int64_t* loss_tokens);
   // ZeRO-1: every parameter from the rank that updated it.
   void GatherUpdatedWeights();
+  // The global L2 norm of the step's gradients.
+  torch::Tensor GlobalGradNorm();
   // Data-parallel: every rank's GPU peak and communication wait of the step, to rank 0's report.
   void ShareRankStats();
   void Report(double loss, double norm, double lr, double dt, int64_t real_tokens, int64_t loss_tokens);
@@ -152,9 +157,10 @@ class TrainingRun {
   std::unique_ptr<StepGraph> graph_;                           // spec.kernel_tuning.cuda_graphs
   std::optional<c10::cuda::CUDAStreamGuard> graph_stream_;     // the graph's stream, for the whole run
   std::vector<torch::Tensor> trainable_;
-  std::vector<int> owner_;             // ZeRO-1: the rank that updates each trainable tensor
+  std::vector<int> owner_;             // ZeRO-1/2: the rank that updates each trainable tensor
   double comm_wait_s_ = 0;             // the last step's
   uint64_t max_rank_peak_ = 0;
+  uint64_t grad_bytes_ = 0;            // the last step's gradients on this rank (GradBytes)
   RunSummary sum_;
   torch::Device device_{torch::kCPU};
   KernelChoice kernels_;
@@ -176,6 +182,18 @@ class TrainingRun {
   int64_t profile_from_ = -1;
   std::chrono::steady_clock::time_point profile_t0_;
 };
+
+// The bytes of the storages that hold the gradients of `params` (one shared by several, such as a
+// reduced bucket, counted once): what the gradients take at the step, views and all.
+uint64_t GradBytes(const std::vector<torch::Tensor>& params) {
+  std::set<const c10::StorageImpl*> seen;
+  uint64_t n = 0;
+  for (const auto& p : params) {
+    const auto& g = p.grad();
+    if (g.defined() && seen.insert(g.storage().unsafeGetStorageImpl()).second) n += g.storage().nbytes();
+  }
+  return n;
+}
 
 double NowS() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
@@ -236,9 +254,9 @@ bool TrainingRun::Setup() {
   std::vector<std::pair<std::string, torch::Tensor>> opt_params = model.trainable_parameters();
   for (const auto& [name, t] : opt_params) trainable_.push_back(t);
   if (world_ > 1) {
+    if (cfg_.optimizer.shard_state) owner_ = ShardOwners(trainable_, world_);
     if (!SetupRanks(trainable_)) return false;
     if (cfg_.optimizer.shard_state) {
-      owner_ = ShardOwners(trainable_, world_);
       if (rank_.coalesced_gather) {
         Log(ranks_->backend().supportsCoalescing()
                 ? "ZeRO-1: the updated weights go out as one coalesced group of broadcasts"
@@ -303,8 +321,11 @@ bool TrainingRun::Setup() {
   if (world_ > 1) {
     Log(absl::StrFormat("data parallel: rank %d of %d on %s through %s, %d gradient buckets%s", rank_.rank, world_,
                         device_.str(), ranks_->backend_name(), reducer_->num_buckets(),
-                        owner_.empty() ? "" : absl::StrFormat("; AdamW state sharded (ZeRO-1): %d of %d tensors here",
-                                                              opt_params.size(), trainable_.size())));
+                        owner_.empty() ? ""
+                                       : absl::StrFormat("; AdamW state%s sharded (%s): %d of %d tensors here",
+                                                         shard_grads() ? " and gradients" : "",
+                                                         shard_grads() ? "ZeRO-2" : "ZeRO-1", opt_params.size(),
+                                                         trainable_.size())));
   }
   profiler_.emplace(device_.is_cuda());
   profile_from_ = cfg_.profile.enabled ? cfg_.profile.warmup_steps : -1;
@@ -349,10 +370,17 @@ bool TrainingRun::SetupRanks(const std::vector<torch::Tensor>& trainable) {
     torch::Tensor p = t;
     ranks_->Broadcast(p, 0);
   }
+  if (shard_grads() && device_.is_cuda() && ranks_->backend_name() != "nccl") {
+    return Fail(Outcome::kInvalidSpec,
+                absl::StrCat("spec.optimizer.shard_grads on GPUs needs NCCL, and this ftd-worker was built without "
+                             "ProcessGroupNCCL (ranks join through ", ranks_->backend_name(),
+                             "): set optimizer.shard_grads false, or rebuild with NCCL (docs/distributed.md)"));
+  }
   const int64_t bucket_bytes = rank_.bucket_mib > 0 ? int64_t{rank_.bucket_mib} << 20 : GradReducer::kBucketBytes;
-  reducer_ = std::make_unique<GradReducer>(*ranks_, trainable, bucket_bytes);
+  reducer_ = std::make_unique<GradReducer>(*ranks_, trainable, bucket_bytes,
+                                           shard_grads() ? owner_ : std::vector<int>{});
   Log(absl::StrCat(ranks_->backend_name(), ": ", reducer_->num_buckets(), " gradient buckets of about ",
-                   bucket_bytes >> 20, " MiB"));
+                   bucket_bytes >> 20, " MiB", shard_grads() ? ", reduce-scattered" : ""));
   return true;
 }
 
@@ -378,15 +406,30 @@ void TrainingRun::GatherUpdatedWeights() {
   (void)ranks_->BroadcastEach(trainable_, owner_, rank_.coalesced_gather);
 }
 
+torch::Tensor TrainingRun::GlobalGradNorm() {
+  if (owner_.empty()) return opt_->GradNorm();  // one rank, or every rank holds every reduced gradient
+  std::vector<torch::Tensor> grads;
+  for (auto& t : trainable_) {
+    if (t.grad().defined()) grads.push_back(t.grad());
+  }
+  if (!shard_grads()) return GradNorm(grads, kernels_[KernelOp::kAdamW]);
+  // ZeRO-2: each rank holds its own tensors' gradients; one scalar all-reduce adds the squares.
+  torch::Tensor sq = torch::zeros({1}, torch::TensorOptions().dtype(torch::kDouble).device(device_));
+  if (!grads.empty()) sq += GradNorm(grads, kernels_[KernelOp::kAdamW]).to(torch::kDouble).square();
+  ranks_->AllReduceSum(sq);
+  return sq.sqrt().to(torch::kFloat).reshape({});
+}
+
 void TrainingRun::ShareRankStats() {
   uint64_t peak = 0;
   if (device_.is_cuda()) {
     const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index());
     peak = static_cast<uint64_t>(stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak);
   }
-  torch::Tensor v = torch::zeros({2 * world_}, torch::TensorOptions().dtype(torch::kDouble));
+  torch::Tensor v = torch::zeros({3 * world_}, torch::TensorOptions().dtype(torch::kDouble));
   v[rank_.rank] = static_cast<double>(peak);
   v[world_ + rank_.rank] = reducer_->ReadWait();
+  v[2 * world_ + rank_.rank] = static_cast<double>(grad_bytes_);
   v = v.to(device_);
   ranks_->AllReduceSum(v);
   v = v.to(torch::kCPU);
@@ -394,7 +437,9 @@ void TrainingRun::ShareRankStats() {
   comm_wait_s_ = 0;
   max_rank_peak_ = 0;
   std::vector<std::string> peaks;
+  sum_.rank_grad_bytes.assign(static_cast<size_t>(world_), 0);
   for (int r = 0; r < world_; ++r) {
+    sum_.rank_grad_bytes[static_cast<size_t>(r)] = static_cast<uint64_t>(d[2 * world_ + r]);
     comm_wait_s_ = std::max(comm_wait_s_, d[world_ + r]);  // the step waits for the slowest rank
     max_rank_peak_ = std::max(max_rank_peak_, static_cast<uint64_t>(d[r]));
     peaks.push_back(absl::StrFormat("%.2f", d[r] / (1 << 30)));
@@ -553,12 +598,7 @@ bool TrainingRun::Step(int64_t step) {
     norm = opt_->EndOverlap();
     mark(2);
   } else {
-    // Every rank holds every reduced gradient, so the norm is the global one without communication.
-    norm = owner_.empty() ? opt_->GradNorm() : [&] {
-      std::vector<torch::Tensor> grads;
-      for (auto& t : trainable_) grads.push_back(t.grad());
-      return GradNorm(grads, kernels_[KernelOp::kAdamW]);
-    }();
+    norm = GlobalGradNorm();
     // The finite check runs on the device: a non-finite loss or norm skips the update inside the
     // fused kernel (found_inf), so the host synchronises once per step, after the optimizer's
     // kernels are queued, rather than between backward and the update.
@@ -568,6 +608,7 @@ bool TrainingRun::Step(int64_t step) {
     opt_->Step(lr, found_inf);
   }
   model_->WeightsChanged();  // FP8 copies of the weights are made again before the next forward
+  grad_bytes_ = GradBytes(trainable_);
   opt_->ZeroGrad();
   if (!owner_.empty()) {
     GatherUpdatedWeights();
@@ -639,7 +680,10 @@ void TrainingRun::Report(double loss, double norm, double lr, double dt, int64_t
     m.peak_mem_allocated_bytes = static_cast<uint64_t>(stats.allocated_bytes[agg].peak);
     m.peak_mem_reserved_bytes = static_cast<uint64_t>(stats.reserved_bytes[agg].peak);
   }
-  if (world_ == 1) m.max_rank_peak_mem_allocated_bytes = m.peak_mem_allocated_bytes;
+  if (world_ == 1) {
+    m.max_rank_peak_mem_allocated_bytes = m.peak_mem_allocated_bytes;
+    sum_.rank_grad_bytes = {grad_bytes_};
+  }
   m.peak_rss_bytes = PeakRss();
   m.mfu = peak_flops_ > 0 ? flops_per_token_ * m.tokens_per_s / peak_flops_ : 0.0;
   if (gpu_->available()) {
