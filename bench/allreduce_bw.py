@@ -3,21 +3,20 @@ nccl-tests reports it: algorithm bandwidth (bytes / time) and bus bandwidth (byt
 bf16, per message size. docs/distributed.md's multi-host estimate takes B_nvl from it. Writes
 allreduce_bw.json.
 
-  python3 bench/allreduce_bw.py --out DIR [--gpus 2] [--mib 25,256,1024] [--iters 20]
+  python3 bench/allreduce_bw.py [--out DIR] [--gpus 2] [--mib 25,256,1024] [--iters 20]
 
 `--device cpu` runs it on Gloo (a check of this script, not a figure).
 """
-import argparse
 import json
 import os
 import socket
 import sys
 import time
-from pathlib import Path
-
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+import bench_cli
 
 
 def rank_main(rank, a, port, queue):
@@ -49,8 +48,7 @@ def rank_main(rank, a, port, queue):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
+    ap = bench_cli.parser()
     ap.add_argument("--gpus", type=int, default=2)
     ap.add_argument("--mib", default="25,256,1024", help="message sizes in MiB (25: one gradient bucket)")
     ap.add_argument("--iters", type=int, default=20)
@@ -70,8 +68,7 @@ def main():
     print("|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['mib']} MiB | {r['time_s'] * 1e3:.2f} ms | {r['algbw_gbs']:.1f} GB/s | {r['busbw_gbs']:.1f} GB/s |")
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = bench_cli.out_dir(a)
     (out / "allreduce_bw.json").write_text(json.dumps({"gpus": a.gpus, "device": a.device, "rows": rows}, indent=2))
     return 0
 
