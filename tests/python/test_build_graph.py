@@ -36,6 +36,7 @@ FORBIDDEN = {
     "ftd_client": {WORKER, SERVER, KERNELS, TORCH},
     "ftctl": {WORKER, SERVER, KERNELS, TORCH},
     "ftd_server": {WORKER, CLIENT, KERNELS, TORCH},
+    "ftd_daemon": {WORKER, CLIENT, KERNELS, TORCH},
     "ftd": {WORKER, CLIENT, KERNELS, TORCH},
     "ftd_engine_core": {SERVER, CLIENT, PROTO_GEN},
     "ftd_engine": {SERVER, CLIENT, PROTO_GEN},
