@@ -147,6 +147,7 @@ Identity Authenticator::Local(const ucred& c) const {
   id.set_role(admin ? ftd::v1::ROLE_ADMIN : ftd::v1::ROLE_USER);
   id.set_via(absl::StrCat("unix socket uid ", c.uid));
   id.set_peer(absl::StrCat("local uid ", c.uid, " pid ", c.pid));
+  id.set_local_uid(c.uid);
   return id;
 }
 

@@ -31,6 +31,11 @@ absl::StatusOr<std::string> SubmitOwner(const Identity& who, const std::string& 
                                                   who.user(), "; leave owner empty to submit as yourself)"));
 }
 
+std::optional<uint32_t> OwnerUid(const Identity& who, const std::string& owner) {
+  if (!who.has_local_uid() || who.user() != owner) return std::nullopt;
+  return who.local_uid();
+}
+
 absl::Status MaySetPriority(const Identity& who, int priority, int cap) {
   if (priority <= cap || IsAdmin(who)) return absl::OkStatus();
   return absl::PermissionDeniedError(absl::StrCat("priority ", priority, " is above ", cap,

@@ -9,6 +9,8 @@
 //   tokens, the audit log, the scheduler   admins
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -29,6 +31,10 @@ absl::Status MayReadJob(const Identity& who, const ftd::v1::Job& job, const std:
 absl::Status MayChangeJob(const Identity& who, const ftd::v1::Job& job, const std::string& action);
 // The owner a submit records: the caller, or `requested` when it is someone else and the caller is an admin.
 absl::StatusOr<std::string> SubmitOwner(const Identity& who, const std::string& requested);
+// The uid a job of `owner` submitted by `who` may run as (Job.owner_uid): the caller's own, when it
+// is a local user on the unix socket submitting for itself; none for tokens, certificates and an
+// admin submitting for someone else.
+std::optional<uint32_t> OwnerUid(const Identity& who, const std::string& owner);
 // Priorities above `cap` are for admins.
 absl::Status MaySetPriority(const Identity& who, int priority, int cap);
 // Admin-only actions: "create tokens", "read the audit log", "pause the scheduler", ...

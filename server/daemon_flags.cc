@@ -79,6 +79,9 @@ void AddDaemonFlags(CLI::App& app, DaemonFlags* f, TokenFlags* t) {
                  "run workers as this unprivileged user (ftd must be root): each job's directory is given to it "
                  "when its worker starts; the roots must be readable, and the user roots writable, by it "
                  "(docs/security.md)");
+  app.add_flag("--workers-as-owner", f->workers_as_owner,
+               "run the workers of a job a local user submitted over the unix socket as that user (uid, groups); "
+               "other jobs (tokens, certificates, root) run as --worker-user, which is then required");
   app.add_option("--socket", f->lc.socket,
                  "unix socket for local users, identified by uid (default: $RUNTIME_DIRECTORY/ftd.sock under "
                  "systemd, else DATA_DIR/ftd.sock)");
@@ -175,6 +178,11 @@ absl::StatusOr<CheckedFlags> CheckDaemonFlags(DaemonFlags& f) {
     out.retention_ms = *r;
   }
   if (auto st = f.sandbox.Validate(); !st.ok()) return st;
+  if (f.workers_as_owner && f.worker_user.empty()) {
+    return absl::InvalidArgumentError(
+        "--workers-as-owner needs --worker-user NAME as well: the service user that runs the jobs of token and "
+        "certificate users, of root, and of an admin submitting for someone else");
+  }
   if (!f.worker_user.empty()) {
     auto u = LookUpWorkerUser(f.worker_user);
     if (!u.ok()) return u.status();

@@ -32,6 +32,7 @@ struct DaemonFlags {
   std::string worker_cgroup = "auto";
   int64_t worker_memory_max = 0;  // bytes; 0: 90% of RAM
   std::string worker_user;
+  bool workers_as_owner = false;
   ListenConfig lc;
   std::vector<std::string> admins;
   int priority_cap = 100;

@@ -115,10 +115,12 @@ class JobManager {
   // waits for them until `deadline`; kills what is left.
   void Drain(std::chrono::steady_clock::time_point deadline);
 
-  // `submitted_by` / `cancelled_by`: the authenticated caller, recorded in the job.
+  // `submitted_by` / `cancelled_by`: the authenticated caller, recorded in the job. `owner_uid`: the
+  // owner's local uid when the owner submits over the unix socket (Job.owner_uid).
   absl::StatusOr<ftd::v1::SubmitJobResponse> Submit(const ftd::v1::SubmitJobRequest& req,
-                                                    const std::string& submitted_by = "") {
-    return SubmitWith(req, submitted_by, nullptr);
+                                                    const std::string& submitted_by = "",
+                                                    std::optional<uint32_t> owner_uid = std::nullopt) {
+    return SubmitWith(req, submitted_by, owner_uid, nullptr);
   }
   absl::StatusOr<ftd::v1::Job> Get(const std::string& id);
   absl::StatusOr<ftd::v1::ListJobsResponse> List(const ftd::v1::ListJobsRequest& req);
@@ -134,7 +136,8 @@ class JobManager {
   absl::StatusOr<Removed> RunRetention();
   // A new job from an existing one's request (see ResubmitJobRequest in jobs.proto).
   absl::StatusOr<ftd::v1::SubmitJobResponse> Resubmit(const ftd::v1::ResubmitJobRequest& req,
-                                                      const std::string& submitted_by = "");
+                                                      const std::string& submitted_by = "",
+                                                      std::optional<uint32_t> owner_uid = std::nullopt);
   // The scheduler: paused, no queued job starts; running jobs go on and submits are accepted.
   ftd::v1::SchedulerState SetPaused(bool paused);
   ftd::v1::SchedulerState Scheduler() const;
@@ -220,6 +223,7 @@ class JobManager {
   // checkpoint is moved into place there); its error fails the new job.
   absl::StatusOr<ftd::v1::SubmitJobResponse> SubmitWith(const ftd::v1::SubmitJobRequest& req,
                                                         const std::string& submitted_by,
+                                                        std::optional<uint32_t> owner_uid,
                                                         const std::function<absl::Status(const ftd::v1::Job&)>& prepare);
   absl::StatusOr<int64_t> DeleteLocked(const std::string& id);
   void AppendToLog(const std::string& id, const std::string& line) const;

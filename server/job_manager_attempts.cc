@@ -75,7 +75,10 @@ absl::StatusOr<LaunchRequest> JobManager::StartLocked(const Placement& p) {
   a.started_ms = now;
   a.last_seen_ms = clock_->SteadyMs();
   running_[job_id] = a;
-  return LaunchRequest{job_id, a.attempt, a.token, slot, p.gpu, p.more_slots, p.more_gpus, std::max(1, job->spec().gpus())};
+  std::optional<uid_t> owner_uid;
+  if (job->has_owner_uid()) owner_uid = job->owner_uid();
+  return LaunchRequest{job_id, a.attempt, a.token, slot, p.gpu, p.more_slots, p.more_gpus,
+                       std::max(1, job->spec().gpus()), owner_uid};
 }
 
 void JobManager::Launched(const LaunchRequest& req, const absl::StatusOr<int64_t>& pid) {

@@ -29,7 +29,7 @@ using ftd::v1::JobEvent;
 using ftd::v1::RunResult;
 
 absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::SubmitWith(
-    const ftd::v1::SubmitJobRequest& in, const std::string& submitted_by,
+    const ftd::v1::SubmitJobRequest& in, const std::string& submitted_by, std::optional<uint32_t> owner_uid,
     const std::function<absl::Status(const Job&)>& prepare) {
   ftd::v1::SubmitJobRequest req = in;  // its spec's paths are confined to the owner's roots below
   {
@@ -85,6 +85,7 @@ absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::SubmitWith(
   job.set_kind(req.kind() == ftd::v1::JOB_KIND_UNSPECIFIED ? ftd::v1::FINETUNE : req.kind());
   job.set_owner(owner);
   job.set_submitted_by(submitted_by);
+  if (owner_uid.has_value()) job.set_owner_uid(*owner_uid);
   job.set_priority(req.priority());
   job.set_state(ftd::v1::QUEUED);
   job.set_reason("WAITING_FOR_SLOT");
@@ -152,7 +153,8 @@ absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::SubmitWith(
 }
 
 absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::Resubmit(const ftd::v1::ResubmitJobRequest& req,
-                                                                const std::string& submitted_by) {
+                                                                const std::string& submitted_by,
+                                                                std::optional<uint32_t> owner_uid) {
   auto old = store_->Get(req.id());
   if (!old.ok()) return old.status();
   ftd::v1::SubmitJobRequest sub;
@@ -168,7 +170,7 @@ absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::Resubmit(const ftd::v1::R
       return absl::InvalidArgumentError(absl::StrCat("set \"", kv, "\": ", st.message()));
     }
   }
-  if (!req.resume()) return Submit(sub, submitted_by);
+  if (!req.resume()) return Submit(sub, submitted_by, owner_uid);
   if (old->state() != ftd::v1::FAILED && old->state() != ftd::v1::CANCELLED) {
     return absl::FailedPreconditionError(absl::StrCat("job ", req.id(), " is ", ftd::v1::JobState_Name(old->state()),
                                                       "; only a FAILED or CANCELLED job can be resumed (resubmit "
@@ -190,14 +192,14 @@ absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::Resubmit(const ftd::v1::R
   // A spec with a directory of its own resumes from it as it is. Otherwise the new job gets a copy
   // of the newest checkpoint (hard links), staged before the job exists and moved into its
   // directory before it can start.
-  if (ck.has_dir()) return Submit(sub, submitted_by);
+  if (ck.has_dir()) return Submit(sub, submitted_by, owner_uid);
   const fs::path staging = fs::path(cfg_.data_dir) / "jobs" / absl::StrCat(".resume-", NewToken());
   const fs::path staged = staging / fs::path(*newest).filename();
   if (auto st = LinkOrCopyTree(*newest, staged.string()); !st.ok()) {
     (void)RemoveTree(staging.string());
     return st;
   }
-  auto resp = SubmitWith(sub, submitted_by, [&](const Job& job) -> absl::Status {
+  auto resp = SubmitWith(sub, submitted_by, owner_uid, [&](const Job& job) -> absl::Status {
     std::error_code ec;
     fs::create_directories(JobDir(job.id()), ec);
     fs::rename(staging, fs::path(JobDir(job.id())) / "checkpoints", ec);

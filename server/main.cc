@@ -134,7 +134,8 @@ int main(int argc, char** argv) {
     }
   }
   ftd::server::ProcessLauncher launcher(
-      {flags.worker, "unix:" + sock, (fs::path(data_dir) / "jobs").string(), cgroups.get(), run_as});
+      {flags.worker, "unix:" + sock, (fs::path(data_dir) / "jobs").string(), cgroups.get(), run_as,
+       flags.workers_as_owner});
   ftd::server::RealClock clock;
   mc.gpus = flags.gpus >= 0 ? flags.gpus : ftd::server::DetectGpus();
   mc.max_queued = flags.max_queued;
@@ -213,7 +214,13 @@ int main(int argc, char** argv) {
     std::cerr << "ftd: cannot listen on unix:" << sock << "\n";
     return 1;
   }
-  fs::permissions(sock, fs::perms::owner_read | fs::perms::owner_write, ec);
+  // With --workers-as-owner any local user's workers connect (each attempt still proves itself with
+  // its token).
+  fs::permissions(sock, flags.workers_as_owner ? fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read |
+                                                     fs::perms::group_write | fs::perms::others_read |
+                                                     fs::perms::others_write
+                                               : fs::perms::owner_read | fs::perms::owner_write,
+                  ec);
   // The workers' user connects to it (each attempt still proves itself with its token).
   if (run_as.has_value() && ::chown(sock.c_str(), run_as->uid, run_as->gid) != 0) {
     std::cerr << "ftd: cannot give the worker socket " << sock << " to --worker-user " << run_as->name << ": "
@@ -229,7 +236,9 @@ int main(int argc, char** argv) {
             << (metrics_listen.empty() ? "(off)" : metrics_listen) << ", " << manager.slots() << " slot(s) ("
             << (mc.gpus > 0 ? "GPU" : "CPU") << "), data in " << data_dir << "; workers: "
             << (cgroups != nullptr ? cgroups->Describe() : "no cgroup")
-            << (run_as.has_value() ? absl::StrCat(", as user ", run_as->name, " (uid ", run_as->uid, ")") : "")
+            << (run_as.has_value() ? absl::StrCat(", as user ", run_as->name, " (uid ", run_as->uid, ")",
+                                                  flags.workers_as_owner ? " or as the job's local owner" : "")
+                                   : "")
             << std::endl;
 
   int sig = 0;

@@ -70,7 +70,7 @@ grpc::Status JobServiceImpl::Submit(const Identity& who, const ftd::v1::SubmitJo
   if (auto st = MaySetPriority(who, req.priority(), priority_cap_); !st.ok()) return ToGrpc(st);
   ftd::v1::SubmitJobRequest r = req;
   r.set_owner(*owner);
-  auto out = m_->Submit(r, who.user());
+  auto out = m_->Submit(r, who.user(), OwnerUid(who, *owner));
   if (!out.ok()) return ToGrpc(out.status());
   // A request_id another user's job already carries names that job: it is not this caller's to see.
   if (!out->created()) {
@@ -225,7 +225,7 @@ grpc::Status JobServiceImpl::ResubmitJob(grpc::ServerContext* ctx, const ftd::v1
     auto owner = SubmitOwner(who, job->owner());
     if (!owner.ok()) return ToGrpc(owner.status());
     if (auto st = MaySetPriority(who, job->priority(), priority_cap_); !st.ok()) return ToGrpc(st);
-    auto r = m_->Resubmit(*req, who.user());
+    auto r = m_->Resubmit(*req, who.user(), OwnerUid(who, *owner));
     if (!r.ok()) return ToGrpc(r.status());
     *resp = std::move(*r);
     return grpc::Status::OK;

@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 
@@ -30,7 +31,8 @@ struct ChildFailure {
   int step = 0;  // index into kChildSteps
   int err = 0;   // errno
 };
-constexpr const char* kChildSteps[] = {"open /dev/null", "open the log", "setgroups", "setgid", "setuid", "exec"};
+constexpr const char* kChildSteps[] = {"open /dev/null", "open the log", "setgroups", "setgid",
+                                       "setuid", "exec", "give the log to the worker's user"};
 
 [[noreturn]] void ChildFail(int report_fd, int step) {
   const ChildFailure f{step, errno};
@@ -55,6 +57,8 @@ constexpr const char* kChildSteps[] = {"open /dev/null", "open the log", "setgro
   if (in > 2) ::close(in);
   if (out > 2) ::close(out);
   if (cred != nullptr) {
+    // The log is the job's, like the rest of its directory: its owner's to read.
+    if (::fchown(1, cred->uid, cred->gid) != 0) fail(6);
     if (::setgroups(cred->groups.size(), cred->groups.data()) != 0) fail(2);
     if (::setgid(cred->gid) != 0) fail(3);
     if (::setuid(cred->uid) != 0) fail(4);
@@ -99,11 +103,11 @@ absl::StatusOr<pid_t> ForkExec(const std::string& binary, char* const* argv, cha
   if (n == 0) return pid;  // the pipe closed on exec
   ::waitpid(pid, nullptr, 0);
   if (n != static_cast<ssize_t>(sizeof f)) return absl::InternalError(absl::StrCat("cannot start ", binary));
-  if (f.step < 0 || f.step > 5) return absl::InternalError(absl::StrCat("cannot start ", binary));
+  if (f.step < 0 || f.step >= static_cast<int>(std::size(kChildSteps))) return absl::InternalError(absl::StrCat("cannot start ", binary));
   if (f.step == 5) return absl::InternalError(absl::StrCat("cannot start ", binary, ": ", std::strerror(f.err)));
   std::string what = kChildSteps[f.step];
   if (f.step == 1) what += " " + log_path;
-  if (f.step >= 2 && f.step <= 4) what += absl::StrCat(" to uid ", cred->uid, " gid ", cred->gid);
+  if ((f.step >= 2 && f.step <= 4) || f.step == 6) what += absl::StrCat(" to uid ", cred->uid, " gid ", cred->gid);
   return absl::InternalError(absl::StrCat("cannot start ", binary, ": ", what, ": ", std::strerror(f.err)));
 }
 

@@ -19,6 +19,19 @@
 namespace ftd::server {
 namespace fs = std::filesystem;
 
+namespace {
+
+WorkerUser FromPasswd(const passwd& pw) {
+  WorkerUser u{pw.pw_name, pw.pw_uid, pw.pw_gid, {}, pw.pw_dir != nullptr ? pw.pw_dir : "/"};
+  int n = 64;
+  u.groups.resize(n);
+  while (::getgrouplist(pw.pw_name, pw.pw_gid, u.groups.data(), &n) < 0) u.groups.resize(n);
+  u.groups.resize(n);
+  return u;
+}
+
+}  // namespace
+
 absl::StatusOr<WorkerUser> LookUpWorkerUser(const std::string& name) {
   if (::geteuid() != 0) {
     return absl::FailedPreconditionError(absl::StrCat("--worker-user ", name, " needs ftd to run as root to switch "
@@ -37,12 +50,22 @@ absl::StatusOr<WorkerUser> LookUpWorkerUser(const std::string& name) {
   if (pw.pw_uid == 0) {
     return absl::InvalidArgumentError(absl::StrCat("--worker-user ", name, " is root: name an unprivileged user"));
   }
-  WorkerUser u{name, pw.pw_uid, pw.pw_gid, {}, pw.pw_dir != nullptr ? pw.pw_dir : "/"};
-  int n = 64;
-  u.groups.resize(n);
-  while (::getgrouplist(name.c_str(), pw.pw_gid, u.groups.data(), &n) < 0) u.groups.resize(n);
-  u.groups.resize(n);
-  return u;
+  return FromPasswd(pw);
+}
+
+absl::StatusOr<WorkerUser> LookUpOwner(uid_t uid) {
+  if (uid == 0) return absl::FailedPreconditionError("the job's owner is root: its workers never run as root");
+  std::vector<char> buf(16384);
+  passwd pw{};
+  passwd* found = nullptr;
+  const int rc = ::getpwuid_r(uid, &pw, buf.data(), buf.size(), &found);
+  if (found == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat("the job's owner, uid ", uid, ", is not in the password "
+                                                      "database any more",
+                                                      rc != 0 ? absl::StrCat(" (", std::strerror(rc), ")") : "",
+                                                      ": its workers cannot run as it"));
+  }
+  return FromPasswd(pw);
 }
 
 ProcessLauncher::ProcessLauncher(ProcessLauncherConfig cfg)
@@ -61,11 +84,17 @@ absl::StatusOr<int64_t> ProcessLauncher::Launch(const LaunchRequest& req) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   SpawnRequest s;
-  if (cfg_.user.has_value()) {
+  std::optional<WorkerUser> user = cfg_.user;
+  if (cfg_.as_owner && req.owner_uid.has_value() && *req.owner_uid != 0) {
+    auto owner = LookUpOwner(*req.owner_uid);
+    if (!owner.ok()) return owner.status();
+    user = *std::move(owner);
+  }
+  if (user.has_value()) {
     // Its directory is the worker's to write: checkpoints, trace, a resumed job's staged checkpoint.
-    if (auto st = ChownTree(dir.string(), cfg_.user->uid, cfg_.user->gid); !st.ok()) return st;
-    s.credentials = SpawnCredentials{cfg_.user->uid, cfg_.user->gid, cfg_.user->groups};
-    s.env = {{"HOME", cfg_.user->home}, {"USER", cfg_.user->name}, {"LOGNAME", cfg_.user->name}};
+    if (auto st = ChownTree(dir.string(), user->uid, user->gid); !st.ok()) return st;
+    s.credentials = SpawnCredentials{user->uid, user->gid, user->groups};
+    s.env = {{"HOME", user->home}, {"USER", user->name}, {"LOGNAME", user->name}};
   }
   s.binary = cfg_.worker_binary;
   s.args = {"agent", "--address", cfg_.worker_address, "--job", req.job_id, "--attempt", absl::StrCat(req.attempt)};

@@ -37,6 +37,7 @@ struct LaunchRequest {
   std::vector<std::string> more_slots;  // gpus > 1: the job's other GPUs' slots
   std::vector<int> more_gpus;           // and their CUDA devices, in the same order
   int ranks = 1;      // worker processes (spec.gpus), rank 0 first; one process group, one exit
+  std::optional<uid_t> owner_uid = std::nullopt;  // Job.owner_uid: the local owner's uid, when known
 };
 
 // How a worker is asked to stop: SIGTERM, write a checkpoint and stop (drain, cancel --checkpoint);
@@ -75,6 +76,9 @@ struct WorkerUser {
 
 // `name`'s entry. A daemon that is not root cannot switch users: refused, saying so.
 absl::StatusOr<WorkerUser> LookUpWorkerUser(const std::string& name);
+// The entry of a job owner's uid (--workers-as-owner): FAILED_PRECONDITION for root or a uid the
+// password database does not know.
+absl::StatusOr<WorkerUser> LookUpOwner(uid_t uid);
 
 struct ProcessLauncherConfig {
   std::string worker_binary;   // ftd-worker (or a test double speaking its protocol)
@@ -82,6 +86,9 @@ struct ProcessLauncherConfig {
   std::string jobs_dir;        // <data_dir>/jobs: <job>/worker.log
   WorkerCgroups* cgroups = nullptr;  // a memory-limited cgroup per worker; nullptr: none (outlives the launcher)
   std::optional<WorkerUser> user;    // unset: workers run as the daemon's user
+  // Jobs with an owner_uid run as that user (its primary group and supplementary groups), the others
+  // as `user`, which must then be set.
+  bool as_owner = false;
 };
 
 // `<worker_binary> agent --address A --job J --attempt N` with the token in $FTD_ATTEMPT_TOKEN, in a
@@ -93,7 +100,8 @@ struct ProcessLauncherConfig {
 // attempt's exit is reported once every rank is gone, as the first failed rank's (else rank 0's).
 // Every process gets NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1.
 // With `user`, the job's directory (and all in it) is given to that user before the worker starts,
-// and the worker runs as it, with its HOME.
+// and the worker runs as it, with its HOME; with `as_owner`, a job with an owner_uid gets its
+// owner instead.
 class ProcessLauncher final : public WorkerLauncher {
  public:
   explicit ProcessLauncher(ProcessLauncherConfig cfg);

@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from ftdapi import JobService, msg, spec
-from ftdservice import FTCTL, FTD, TINY, Daemon, ftctl, get, submit, wait_for
+from ftdservice import FTCTL, FTD, TINY, Daemon, ftctl, get, make_token, submit, wait_for
 from test_auth import ALICE, BOB, denied, local_users, ok  # noqa: F401 (a fixture)
 
 
@@ -335,3 +335,76 @@ def test_a_worker_user_needs_a_daemon_running_as_root(tmp_path):
                         "/nonexistent/ftd", "--listen", ""], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2, (p.returncode, p.stderr)
     assert "--worker-user nobody needs ftd to run as root" in p.stderr, p.stderr
+
+
+# --- workers as the job's local owner ------------------------------------------------------------
+
+@pytest.fixture
+def owner_daemon(local_users):
+    """ftd as root with --workers-as-owner (and nobody for the other jobs), its data directory and
+    socket where the test users may reach them."""
+    base = Path(tempfile.mkdtemp(prefix="ftd-as-owner-"))
+    base.chmod(0o755)
+    d = Daemon(base, "--worker-user", "nobody", "--workers-as-owner", socket=base / "ftd.sock")
+    d.base = base
+    yield d
+    d.stop()
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def spec_file_for(d, name, job_spec):
+    path = d.base / name
+    path.write_text(json.dumps(job_spec))
+    path.chmod(0o644)
+    return str(path)
+
+
+def can_read(user, path):
+    return subprocess.run(["runuser", "-u", user, "--", "cat", str(path)], capture_output=True,
+                          timeout=60).returncode == 0
+
+
+def test_a_local_users_job_runs_as_that_user_and_its_files_are_theirs_alone(owner_daemon):
+    d = owner_daemon
+    alice, nobody = pwd.getpwnam(ALICE), pwd.getpwnam("nobody")
+    job = ok(user_ftctl(ALICE, d, "submit", spec_file_for(d, "tiny.json", dict(TINY, steps=2))))
+    got = wait_for(lambda: finished(ALICE, d, job), 120, "Alice's job to end")
+    assert got["state"] == "SUCCEEDED", got
+    assert got["owner_uid"] == alice.pw_uid, got
+    job_dir = d.data / "jobs" / job
+    written = [job_dir, job_dir / "worker.log"] + [p for p in job_dir.rglob("*") if "step-" in str(p)]
+    assert len(written) > 2, list(job_dir.rglob("*"))
+    for p in written:
+        st = p.lstat()
+        assert (st.st_uid, st.st_gid) == (alice.pw_uid, alice.pw_gid), (str(p), st.st_uid, st.st_gid)
+        assert st.st_mode & 0o077 == 0, (str(p), oct(st.st_mode))
+    weights = next(p for p in written if p.is_file() and "step-" in str(p))
+    assert can_read(ALICE, weights) and can_read(ALICE, job_dir / "worker.log")
+    assert not can_read(BOB, weights) and not can_read(BOB, job_dir / "worker.log")
+    # Bob's file, his only: Alice's worker cannot open it, though ftd (root) could.
+    bobs = d.base / "bob-tokens.bin"
+    bobs.write_bytes(bytes(range(1, 61)) * 40)  # a valid token file
+    os.chown(bobs, pwd.getpwnam(BOB).pw_uid, pwd.getpwnam(BOB).pw_gid)
+    bobs.chmod(0o600)
+    job = ok(user_ftctl(ALICE, d, "submit", spec_file_for(d, "bobs.json", dict(TINY, steps=1, data={"path": str(bobs)})),
+                        "--max-attempts", "1"))
+    got = wait_for(lambda: finished(ALICE, d, job), 120, "Alice's job on Bob's file to end")
+    assert got["state"] == "FAILED" and "spec.data.path" in got["message"], got
+    assert "ermission denied" in got["message"], got
+    # Root's own job, and a job Alice submits with a token over TCP, run as the service user.
+    token = make_token(d, ALICE)
+    e = dict(os.environ, FTD_TOKEN_FILE=str(token))
+    by_token = ok(ftctl(d.tcp, "submit", spec_file_for(d, "t.json", dict(TINY, steps=1)), env=e))
+    by_root = submit(d, dict(TINY, steps=1))
+    for job in (by_token, by_root):
+        got = wait_for(lambda: finished("root", d, job), 120, f"job {job} to end")
+        assert got["state"] == "SUCCEEDED", got
+        assert (d.data / "jobs" / job).stat().st_uid == nobody.pw_uid, job
+    assert "owner_uid" not in get(d, by_token) and get(d, by_root)["owner_uid"] == 0
+
+
+def test_workers_as_owner_need_a_service_user_for_the_other_jobs(tmp_path):
+    p = subprocess.run([str(FTD), "--workers-as-owner", "--data-dir", str(tmp_path / "data"), "--listen", ""],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert "--workers-as-owner needs --worker-user NAME" in p.stderr, p.stderr
