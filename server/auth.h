@@ -12,6 +12,9 @@
 // runs one on insecure credentials). ftd therefore accepts unix connections itself (UnixListener),
 // reads SO_PEERCRED, and hands each connection to gRPC, whose calls then name it as the peer "fd:N".
 // The interceptor resolves every call's identity and keeps it for the handler (CallAuth::Caller).
+//
+// Defined in one file per class: unix_listener.cc (UnixListener), auth.cc (Authenticator) and
+// call_auth.cc (CallAuth, the interceptor and the audit record).
 #pragma once
 
 #include <grpcpp/grpcpp.h>
