@@ -1,10 +1,10 @@
+// What every ftctl command shares (context.h): how errors are printed and the exit codes, the address
+// a user typed made a gRPC target, and the connection options resolved from the flags, the
+// environment and the config file's contexts (with the token read from its file). Interrupts are in
+// interrupt.cc.
 #include "client/context.h"
 
-#include <pthread.h>
-#include <signal.h>
-
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -20,12 +20,8 @@ namespace ftd::client {
 
 namespace fs = std::filesystem;
 
-namespace {
-std::atomic<bool> g_interrupted{false};
-}  // namespace
-
 int Fail(const absl::Status& st) {
-  if (g_interrupted) {
+  if (Interrupted()) {
     std::cerr << "ftctl: interrupted" << std::endl;
     return kExitInterrupted;
   }
@@ -261,41 +257,6 @@ absl::StatusOr<ClientOptions> ResolveOptions(const GlobalFlags& flags) {
     opts.token = *token;
   }
   return opts;
-}
-
-namespace {
-
-const sigset_t& InterruptSet() {
-  static const sigset_t s = [] {
-    sigset_t x;
-    sigemptyset(&x);
-    sigaddset(&x, SIGINT);
-    sigaddset(&x, SIGTERM);
-    sigaddset(&x, SIGUSR2);
-    return x;
-  }();
-  return s;
-}
-
-}  // namespace
-
-void BlockInterruptSignals() { pthread_sigmask(SIG_BLOCK, &InterruptSet(), nullptr); }
-
-bool Interrupted() { return g_interrupted; }
-
-InterruptHandler::InterruptHandler(JobClient* client) : client_(client) {
-  thread_ = std::thread([this] {
-    int sig = 0;
-    sigwait(&InterruptSet(), &sig);
-    if (sig == SIGUSR2) return;  // our own wake-up at exit
-    g_interrupted = true;
-    client_->Interrupt();
-  });
-}
-
-InterruptHandler::~InterruptHandler() {
-  pthread_kill(thread_.native_handle(), SIGUSR2);
-  thread_.join();
 }
 
 }  // namespace ftd::client

@@ -1,6 +1,8 @@
 // How ftctl shows jobs and events: the list table, the job description, one line per watched event,
 // and the JSON forms. Pure functions of the messages (no clock): a watch interrupted and resumed
 // prints exactly what an uninterrupted one prints.
+// Defined in render.cc (jobs), render_events.cc (event lines), render_json.cc (JSON) and
+// render_profile.cc (profile comparisons).
 #pragma once
 
 #include <cstdint>
