@@ -1,20 +1,14 @@
+// The LoRA op (lora.h): one adapted projection, x W^T + scale (dropout(x) A^T) B^T, and the grouped
+// autograd function that applies several projections sharing one input in one pass. Adapters'
+// names and files (PEFT's format) are in lora_peft.cc.
 #include "worker/engine/lora.h"
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
-#include <set>
 
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "nlohmann/json.hpp"
-#include "worker/engine/fs_util.h"
-#include "worker/engine/safetensors.h"
 #include "worker/engine/torch_util.h"
 
 namespace ftd::engine {
-namespace fs = std::filesystem;
-using nlohmann::json;
 
 torch::Tensor LoraLinear(const torch::Tensor& x, const torch::Tensor& w, const LoraAdapter& ad, double scale,
                          double dropout, bool train) {
@@ -170,183 +164,6 @@ std::vector<torch::Tensor> LoraLinearGroup(const torch::Tensor& x, const std::ve
     bs.push_back(ad->b);
   }
   return LoraGroupFn::apply(x, at::TensorList(ws), at::TensorList(as), at::TensorList(bs), scale);
-}
-
-std::string LoraTensorName(int64_t layer, spec::LoraTarget t, bool is_b) {
-  const auto i = static_cast<size_t>(t);
-  return absl::StrCat("base_model.model.model.layers.", layer, ".", spec::kLoraModuleParents[i], ".",
-                      spec::kLoraModuleNames[i], is_b ? ".lora_B.weight" : ".lora_A.weight");
-}
-
-LoraAdapter NewLoraAdapter(int64_t in, int64_t out, const spec::LoraConfig& cfg, torch::Generator& gen,
-                           torch::Device device) {
-  torch::NoGradGuard no_grad;
-  const auto dtype = cfg.dtype == "bf16" ? torch::kBFloat16 : torch::kFloat;
-  auto a = torch::empty({cfg.rank, in}, torch::kFloat);
-  if (cfg.init == "gaussian") {
-    a.normal_(0.0, 1.0 / cfg.rank, gen);
-  } else {
-    // nn.init.kaiming_uniform_(a=sqrt(5)) on [rank, in]: gain sqrt(2 / (1 + 5)), bound gain * sqrt(3 / in).
-    const double bound = std::sqrt(2.0 / 6.0) * std::sqrt(3.0 / static_cast<double>(in));
-    a.uniform_(-bound, bound, gen);
-  }
-  LoraAdapter ad;
-  ad.a = a.to(device, dtype).set_requires_grad(true);
-  ad.b = torch::zeros({out, cfg.rank}, torch::TensorOptions().dtype(dtype).device(device)).set_requires_grad(true);
-  return ad;
-}
-
-namespace {
-
-std::vector<std::string> ModuleNames(const spec::LoraConfig& cfg) {
-  std::vector<std::string> names;
-  const auto on = cfg.Targets();
-  for (size_t i = 0; i < on.size(); ++i) {
-    if (on[i]) names.emplace_back(spec::kLoraModuleNames[i]);
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
-json Number(double v) {
-  if (v == std::floor(v) && std::abs(v) < 1e15) return json(static_cast<int64_t>(v));
-  return json(v);
-}
-
-}  // namespace
-
-std::string PeftAdapterConfigJson(const spec::LoraConfig& cfg, const std::string& base_model) {
-  json j = {{"peft_type", "LORA"},
-            {"task_type", "CAUSAL_LM"},
-            {"r", cfg.rank},
-            {"lora_alpha", Number(cfg.Alpha())},
-            {"lora_dropout", cfg.dropout},
-            {"target_modules", ModuleNames(cfg)},
-            {"bias", "none"},
-            {"use_rslora", cfg.use_rslora},
-            {"use_dora", false},
-            {"lora_bias", false},
-            {"fan_in_fan_out", false},
-            {"init_lora_weights", cfg.init == "gaussian" ? json("gaussian") : json(true)},
-            {"inference_mode", true},
-            {"base_model_name_or_path", base_model.empty() ? json(nullptr) : json(base_model)},
-            {"modules_to_save", nullptr},
-            {"layers_to_transform", nullptr},
-            {"layers_pattern", nullptr},
-            {"rank_pattern", json::object()},
-            {"alpha_pattern", json::object()},
-            {"revision", nullptr}};
-  return j.dump(2);
-}
-
-absl::Status SavePeftAdapter(const std::string& dir, const std::vector<std::pair<std::string, torch::Tensor>>& named,
-                             const spec::LoraConfig& cfg, const std::string& base_model, ProgressMeter* progress) {
-  if (auto s = WriteTensors((fs::path(dir) / "adapter_model.safetensors").string(), named, {{"format", "pt"}}, progress);
-      !s.ok()) {
-    return s;
-  }
-  return WriteFileSynced((fs::path(dir) / "adapter_config.json").string(), PeftAdapterConfigJson(cfg, base_model));
-}
-
-absl::Status LoadPeftAdapter(const std::string& dir, const std::vector<std::pair<std::string, torch::Tensor>>& named,
-                             const spec::LoraConfig& cfg) {
-  const std::string config_path = (fs::path(dir) / "adapter_config.json").string();
-  auto text = ReadRegularFile(config_path, "");
-  if (!text.ok()) {
-    return absl::NotFoundError(absl::StrCat(config_path, " cannot be read (", text.status().message(),
-                                            "): not a PEFT adapter directory"));
-  }
-  try {
-    json j = json::parse(*text);
-    if (j.value("peft_type", std::string()) != "LORA") {
-      return absl::InvalidArgumentError(absl::StrCat(config_path, ": peft_type is not \"LORA\""));
-    }
-    auto disagree = [&](const char* key, const std::string& theirs, const std::string& ours, const char* field) {
-      return absl::InvalidArgumentError(absl::StrCat(config_path, ": ", key, " is ", theirs, " but spec.lora.", field,
-                                                     " gives ", ours, " (make the spec match the adapter)"));
-    };
-    if (j.at("r").get<int64_t>() != cfg.rank) {
-      return disagree("r", j.at("r").dump(), absl::StrCat(cfg.rank), "rank");
-    }
-    const double alpha = j.value("lora_alpha", 8.0);
-    if (std::abs(alpha - cfg.Alpha()) > 1e-9 * std::max(1.0, std::abs(alpha))) {
-      return disagree("lora_alpha", j.at("lora_alpha").dump(), absl::StrCat(cfg.Alpha()), "alpha");
-    }
-    const bool rslora = j.value("use_rslora", false);
-    if (rslora != cfg.use_rslora) {
-      return disagree("use_rslora", rslora ? "true" : "false", cfg.use_rslora ? "true" : "false", "use_rslora");
-    }
-    if (j.value("use_dora", false)) {
-      return absl::InvalidArgumentError(absl::StrCat(config_path, ": DoRA adapters (use_dora) are not supported"));
-    }
-    std::set<std::string> theirs, ours;
-    const auto& tm = j.at("target_modules");
-    if (!tm.is_array()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(config_path, ": target_modules must be a list of module names (got ", tm.dump(), ")"));
-    }
-    for (const auto& m : tm) theirs.insert(m.get<std::string>());
-    for (const auto& m : ModuleNames(cfg)) ours.insert(m);
-    if (theirs != ours) {
-      return disagree("target_modules", tm.dump(), absl::StrJoin(ours, ", "), "target_modules");
-    }
-  } catch (const json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(config_path, ": ", e.what()));
-  }
-
-  const std::string weights = (fs::path(dir) / "adapter_model.safetensors").string();
-  auto file = SafetensorsFile::Open(weights);
-  if (!file.ok()) return file.status();
-  std::set<std::string> expected;
-  torch::NoGradGuard no_grad;
-  for (const auto& [name, param] : named) {
-    expected.insert(name);
-    const TensorInfo* info = (*file)->Find(name);
-    if (info == nullptr) return absl::NotFoundError(absl::StrCat(weights, ": tensor \"", name, "\" is missing"));
-    auto st = TorchDType(info->dtype);
-    if (!st.ok() || (*st != torch::kFloat && *st != torch::kBFloat16 && *st != torch::kHalf)) {
-      return absl::InvalidArgumentError(absl::StrCat(weights, ": tensor \"", name, "\" has dtype ",
-                                                     DTypeName(info->dtype), "; adapters must be F32, F16 or BF16"));
-    }
-    if (info->shape != param.sizes().vec()) {
-      return absl::InvalidArgumentError(absl::StrCat(weights, ": tensor \"", name, "\" has shape ",
-                                                     ShapeString(info->shape), ", the spec needs ",
-                                                     ShapeString(param.sizes().vec())));
-    }
-    auto src = torch::from_blob(const_cast<std::byte*>((*file)->data(*info)), info->shape,
-                                torch::TensorOptions().dtype(*st));
-    param.copy_(src);
-  }
-  for (const auto& t : (*file)->tensors()) {
-    if (expected.count(t.name) == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(weights, ": tensor \"", t.name,
-                                                     "\" is not an adapter this spec trains (only LoRA A/B of the "
-                                                     "target modules; no biases, embeddings or modules_to_save)"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<spec::LoraConfig> LoraConfigFromPeft(const std::string& dir) {
-  const std::string path = (fs::path(dir) / "adapter_config.json").string();
-  auto text = ReadRegularFile(path, "");
-  if (!text.ok()) return text.status();
-  spec::LoraConfig c;
-  c.enabled = true;
-  c.adapter_path = dir;
-  try {
-    json j = json::parse(*text);
-    c.rank = j.at("r").get<int32_t>();
-    c.alpha = j.value("lora_alpha", 8.0);
-    c.dropout = j.value("lora_dropout", 0.0);
-    c.use_rslora = j.value("use_rslora", false);
-    c.target_modules.clear();
-    for (const auto& m : j.at("target_modules")) c.target_modules.push_back(m.get<std::string>());
-  } catch (const json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": ", e.what()));
-  }
-  if (auto s = c.Validate(); !s.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", s.message()));
-  return c;
 }
 
 }  // namespace ftd::engine
