@@ -58,8 +58,8 @@ MUTANTS = [
            ["ftd-worker"], [ADAMW + "[gqa_llama3_untied-1-1000.0-cosine]"]),
     Mutant("non-finite-step-applied", "a step whose loss is not finite still updates weights and moments",
            "worker/engine/trainer.cc",
-           "    opt.Step(lr, found_inf);",
-           "    opt.Step(lr, torch::zeros_like(found_inf));",
+           "    opt_->Step(lr, found_inf);",
+           "    opt_->Step(lr, torch::zeros_like(found_inf));",
            ["ftd-worker"],
            ["tests/python/test_training.py::test_non_finite_loss_stops_the_run_without_applying_the_update"]),
     Mutant("rmsnorm-eps-hardcoded", "RMSNorm uses 1e-6 whatever the model's rms_norm_eps",
@@ -79,8 +79,8 @@ MUTANTS = [
            ["ftd-parity"], [PARITY + "[gqa_llama3_untied]"]),
     Mutant("gqa-heads-tiled", "GQA maps query head h to key/value head h % kv_heads (tiled, not grouped)",
            "worker/engine/model.cc",
-           "    auto v = qkv[2].view({B, T, c.num_key_value_heads, c.head_dim}).transpose(1, 2);",
-           "    auto v = qkv[2].view({B, T, c.num_key_value_heads, c.head_dim}).transpose(1, 2); "
+           "  auto v = qkv[2].view({B, T, c.num_key_value_heads, c.head_dim}).transpose(1, 2);",
+           "  auto v = qkv[2].view({B, T, c.num_key_value_heads, c.head_dim}).transpose(1, 2); "
            "k = k.repeat({1, c.num_attention_heads / c.num_key_value_heads, 1, 1}); "
            "v = v.repeat({1, c.num_attention_heads / c.num_key_value_heads, 1, 1});",
            ["ftd-parity"], [PARITY + "[gqa_llama3_untied]"]),
@@ -139,7 +139,7 @@ MUTANTS = [
            "    if (info.retry == Retry::kWhileAttemptsLeft && job.attempt() <= job.max_attempts()) {",
            ["job_manager_test"], ["job_manager_test"]),
     Mutant("request-id-not-looked-up", "a retried request id is not looked up before inserting",
-           "server/store.cc",
+           "server/store_jobs.cc",
            "    if (rc == SQLITE_ROW) {",
            "    if (rc == SQLITE_ROW && false) {",
            ["store_test"], ["store_test"]),
