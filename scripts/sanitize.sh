@@ -32,6 +32,11 @@ rm -rf "$reports" && mkdir -p "$reports"
 # protect_shadow_gap=0: the CUDA runtime, which ftd links, maps memory where ASan's gap would be.
 export ASAN_OPTIONS="log_path=$reports/asan:abort_on_error=1:detect_leaks=1:protect_shadow_gap=0:detect_stack_use_after_return=1"
 export UBSAN_OPTIONS="log_path=$reports/ubsan:print_stacktrace=1:halt_on_error=1"
+# Third-party leaks only, each justified in the file.
+export LSAN_OPTIONS="suppressions=$root/scripts/lsan.supp:print_suppressions=0"
+# The sanitized daemon and client run several times slower: tests scale the windows they wait in
+# (tests/python/ftdservice.py), never their assertions.
+export FTD_TEST_TIME_FACTOR=${FTD_TEST_TIME_FACTOR:-4}
 status=0
 ctest --test-dir "$asan/server" --output-on-failure -j"${FTD_JOBS:-2}" || status=1
 ctest --test-dir "$asan/client" --output-on-failure -j"${FTD_JOBS:-2}" || status=1

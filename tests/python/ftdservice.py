@@ -19,6 +19,10 @@ FAKE_WORKER = BUILD / "server" / "ftd-fake-worker"  # test double: server/testin
 # What a worker reports, and how it exits, when it catches a CUDA out-of-memory (worker/agent.cc).
 OOM_SCRIPT = {"result": "OUT_OF_MEMORY", "message": "GPU out of memory (scripted by ftd-fake-worker)", "exit": 3}
 
+# How much slower than a normal build the binaries under test run (scripts/sanitize.sh sets 4 for
+# ASan+UBSan): windows a test waits in, or gives a process to get something done, are scaled by it.
+TIME_FACTOR = float(os.environ.get("FTD_TEST_TIME_FACTOR", "1"))
+
 TINY = {"model": {"preset": "tiny"}, "batch_size": 4, "seq_len": 32, "device": "cpu", "log_every": 1}
 
 

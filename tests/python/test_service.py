@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ftdservice import (OOM_SCRIPT, TINY, Daemon, ftctl, get, group_alive, pid_alive, submit, wait_for)
+from ftdservice import (OOM_SCRIPT, TIME_FACTOR, TINY, Daemon, ftctl, get, group_alive, pid_alive, submit, wait_for)
 
 
 def state(daemon, job_id):
@@ -145,13 +145,13 @@ def test_durability_under_sigkill(tmp_path):
                 while not stop.is_set():
                     counter[0] += 1
                     rid = f"r{counter[0]}"
-                    p = ftctl(d, "submit", str(spec), "--request-id", rid, "--timeout", "2", timeout=30)
+                    p = ftctl(d, "submit", str(spec), "--request-id", rid, "--timeout", str(2 * TIME_FACTOR), timeout=30 * TIME_FACTOR)
                     if p.returncode == 0:
                         acked[rid] = p.stdout.strip()
 
             t = threading.Thread(target=client)
             t.start()
-            time.sleep(rng.uniform(0.0, 0.25))
+            time.sleep(rng.uniform(0.0, 0.25) * TIME_FACTOR)  # time for a few submits to be acknowledged
             d.kill(signal.SIGKILL)
             stop.set()
             t.join(timeout=60)
