@@ -88,22 +88,28 @@ absl::Status ChownBeneath(int fd, const std::string& path, uid_t uid, gid_t gid)
 // bytes to *bytes. Each entry is looked at and removed relative to its parent's descriptor: a
 // directory is opened with O_NOFOLLOW, anything else (a link included) is unlinked itself, so a link
 // planted or swapped in is removed and never followed. `path` names the directory in errors.
+absl::Status RemoveEntry(int dir, const std::string& name, const std::string& sub, int64_t* bytes);
+
 absl::Status RemoveBeneath(int fd, const std::string& path, int64_t* bytes) {
   return ForEachEntry(fd, path, [&](int dir, const std::string& name) {
-    const std::string sub = path + "/" + name;
-    const int child = ::openat(dir, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (child >= 0) {
-      if (auto st = RemoveBeneath(child, sub, bytes); !st.ok()) return st;
-      if (::unlinkat(dir, name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT) return FileError("remove", sub);
-    } else if (errno == ENOTDIR || errno == ELOOP) {
-      struct stat s {};
-      if (::fstatat(dir, name.c_str(), &s, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(s.st_mode)) *bytes += s.st_size;
-      if (::unlinkat(dir, name.c_str(), 0) != 0 && errno != ENOENT) return FileError("remove", sub);
-    } else if (errno != ENOENT) {
-      return FileError("remove", sub);
-    }
-    return absl::OkStatus();
+    return RemoveEntry(dir, name, path + "/" + name, bytes);
   });
+}
+
+// Removes the entry `name` of the open directory `dir` (`sub` in errors), as RemoveBeneath does.
+absl::Status RemoveEntry(int dir, const std::string& name, const std::string& sub, int64_t* bytes) {
+  const int child = ::openat(dir, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (child >= 0) {
+    if (auto st = RemoveBeneath(child, sub, bytes); !st.ok()) return st;
+    if (::unlinkat(dir, name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT) return FileError("remove", sub);
+  } else if (errno == ENOTDIR || errno == ELOOP) {
+    struct stat s {};
+    if (::fstatat(dir, name.c_str(), &s, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(s.st_mode)) *bytes += s.st_size;
+    if (::unlinkat(dir, name.c_str(), 0) != 0 && errno != ENOENT) return FileError("remove", sub);
+  } else if (errno != ENOENT) {
+    return FileError("remove", sub);
+  }
+  return absl::OkStatus();
 }
 
 // Copies the regular file open as `in` to `name` beneath `to_fd`.
@@ -201,27 +207,58 @@ absl::StatusOr<int64_t> RemoveTree(const std::string& path) {
   return bytes;
 }
 
-std::optional<std::string> NewestCheckpoint(const std::string& dir) {
-  std::error_code ec;
-  int64_t best = -1;
-  std::string path;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const int64_t n = StepOf(it->path().filename().string(), "");
-    std::error_code fe;
-    if (n > best && fs::is_regular_file(it->path() / "MANIFEST.json", fe)) {
-      best = n;
-      path = it->path().string();
+int OpenDirBeneath(const std::string& base, const std::string& rel) {
+  int fd = ::open(base.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  for (const auto& part : fs::path(rel)) {
+    if (fd < 0) break;
+    const std::string name = part.string();
+    if (name.empty() || name == ".") continue;
+    if (name == ".." || name == "/") {
+      ::close(fd);
+      errno = EPERM;
+      return -1;
     }
+    const int next = ::openat(fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    const int err = errno;
+    ::close(fd);
+    errno = err;
+    fd = next;
   }
-  if (best < 0) return std::nullopt;
-  return path;
+  return fd;
 }
 
-absl::Status LinkOrCopyTree(const std::string& from, const std::string& to) {
+std::optional<std::string> NewestCheckpoint(const std::string& dir, const std::string& rel) {
+  const int fd = OpenDirBeneath(dir, rel);
+  if (fd < 0) return std::nullopt;
+  int64_t best = -1;
+  std::string name;
+  (void)ForEachEntry(fd, dir, [&](int d, const std::string& entry) {
+    const int64_t n = StepOf(entry, "");
+    if (n <= best) return absl::OkStatus();
+    const int step = ::openat(d, entry.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (step < 0) return absl::OkStatus();
+    struct stat s {};
+    if (::fstatat(step, "MANIFEST.json", &s, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(s.st_mode)) {
+      best = n;
+      name = entry;
+    }
+    ::close(step);
+    return absl::OkStatus();
+  });
+  if (best < 0) return std::nullopt;
+  return (fs::path(dir) / rel / name).string();
+}
+
+absl::Status LinkOrCopyTree(const std::string& from, const std::string& to) { return LinkOrCopyTree(from, "", to); }
+
+absl::Status LinkOrCopyTree(const std::string& base, const std::string& rel, const std::string& to) {
+  const std::string from = rel.empty() ? base : (fs::path(base) / rel).string();
   std::error_code ec;
   fs::create_directories(to, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", to, ": ", ec.message()));
-  const int from_fd = ::open(from.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  // The source itself is never a link either (it may belong to a worker's user).
+  const int from_fd = rel.empty() ? ::open(from.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+                                  : OpenDirBeneath(base, rel);
   if (from_fd < 0) return FileError("read", from);
   const int to_fd = ::open(to.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (to_fd < 0) {
@@ -232,14 +269,17 @@ absl::Status LinkOrCopyTree(const std::string& from, const std::string& to) {
   return LinkOrCopyBeneath(from_fd, from, to_fd, to);
 }
 
-int64_t RemovePartialCheckpoints(const std::string& dir) {
-  std::error_code ec;
+int64_t RemovePartialCheckpoints(const std::string& dir, const std::string& rel) {
+  const int fd = OpenDirBeneath(dir, rel);
+  if (fd < 0) return 0;
+  const std::string path = rel.empty() ? dir : (fs::path(dir) / rel).string();
   int64_t freed = 0;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    if (StepOf(it->path().filename().string(), ".tmp") < 0) continue;
-    auto r = RemoveTree(it->path().string());
-    if (r.ok()) freed += *r;
-  }
+  (void)ForEachEntry(fd, path, [&](int d, const std::string& name) {
+    if (StepOf(name, ".tmp") < 0) return absl::OkStatus();
+    int64_t bytes = 0;
+    if (RemoveEntry(d, name, path + "/" + name, &bytes).ok()) freed += bytes;
+    return absl::OkStatus();
+  });
   return freed;
 }
 

@@ -24,15 +24,25 @@ int64_t TreeBytes(const std::string& path);
 // directory descriptors (O_NOFOLLOW, unlinkat), so a link is removed itself, never followed.
 absl::StatusOr<int64_t> RemoveTree(const std::string& path);
 
-// The newest complete checkpoint in `dir`: the step-N directory with the highest N that has its
-// MANIFEST.json (written last, docs/checkpoint-format.md). nullopt when there is none.
-std::optional<std::string> NewestCheckpoint(const std::string& dir);
+// The directory `rel` ("jobs/j-000001/checkpoints") beneath the directory `base`: `base` is opened
+// as given (the admin's path), each component of `rel` beneath the one before it with O_NOFOLLOW, so
+// a symbolic link anywhere below `base` (a job's directory may belong to its worker's user, who
+// could swap one in) fails the open, ELOOP or ENOTDIR, and is never followed. An empty `rel` opens
+// `base`. A close-on-exec descriptor, or -1 with errno set.
+int OpenDirBeneath(const std::string& base, const std::string& rel);
+
+// The newest complete checkpoint in `dir` (or in `rel` beneath it, as OpenDirBeneath resolves it):
+// the step-N directory with the highest N that has its MANIFEST.json (written last,
+// docs/checkpoint-format.md), neither of them a link. Its path; nullopt when there is none.
+std::optional<std::string> NewestCheckpoint(const std::string& dir, const std::string& rel = "");
 
 // Copies the tree `from` to `to` (which must not exist) with hard links where the filesystem allows
 // and byte copies where it does not (another filesystem). Each source is opened with O_NOFOLLOW
 // beneath its directory's descriptor; symbolic links (and fifos, sockets, devices) are skipped, so
 // nothing outside `from` is linked or copied.
 absl::Status LinkOrCopyTree(const std::string& from, const std::string& to);
+// The same from `rel` beneath `base`, resolved as OpenDirBeneath does.
+absl::Status LinkOrCopyTree(const std::string& base, const std::string& rel, const std::string& to);
 
 // Gives `dir` and everything under it to uid:gid, never following a symbolic link (the tree may
 // belong to that user already, who could have planted links in it): each directory is opened with
@@ -40,8 +50,9 @@ absl::Status LinkOrCopyTree(const std::string& from, const std::string& to);
 absl::Status ChownTree(const std::string& dir, uid_t uid, gid_t gid);
 
 // Removes partial checkpoints (step-N.tmp directories) in `dir`, left by a writer that died; the
-// caller makes sure no writer runs there. Returns the bytes freed.
-int64_t RemovePartialCheckpoints(const std::string& dir);
+// caller makes sure no writer runs there. Returns the bytes freed. With `rel`, the directory is `rel`
+// beneath `dir`, resolved as OpenDirBeneath does: nothing is removed through a link.
+int64_t RemovePartialCheckpoints(const std::string& dir, const std::string& rel = "");
 
 // One line of a job's log for a step report: "[ftd] step 10/100 loss 2.3456 lr 1e-04 1234 tok/s".
 std::string StepLine(const ftd::v1::StepReport& step);

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 
+#include <cerrno>
 #include <filesystem>
 #include <fstream>
 
@@ -170,4 +171,32 @@ TEST(StepLine, SaysTheStepAndItsNumbers) {
 }
 
 }  // namespace
+
+// A job's checkpoints/ (or a step in it) swapped for a link out by the worker's user: below the data
+// directory nothing is resolved through it. The newest checkpoint is not found there, nothing is
+// copied from it, and partial checkpoints behind it are not removed.
+TEST_F(JobFilesTest, AJobsCheckpointsSwappedForALinkAreNotFollowedBeneathTheDataDirectory) {
+  const fs::path outside = dir_ / "outside";
+  Write(outside / "step-00000099" / "MANIFEST.json", "{}");
+  Write(outside / "step-00000098.tmp" / "model.safetensors", "other user's partial write");
+  fs::create_directories(dir_ / "data" / "jobs" / "j-000001");
+  fs::create_directory_symlink(outside, dir_ / "data" / "jobs" / "j-000001" / "checkpoints");
+  const std::string data = (dir_ / "data").string(), rel = "jobs/j-000001/checkpoints";
+  EXPECT_TRUE(NewestCheckpoint((dir_ / "data" / rel).string()).has_value());  // a path alone follows it
+  EXPECT_EQ(OpenDirBeneath(data, rel), -1);
+  EXPECT_TRUE(errno == ELOOP || errno == ENOTDIR) << errno;  // O_DIRECTORY | O_NOFOLLOW on a link: ENOTDIR
+  EXPECT_FALSE(NewestCheckpoint(data, rel).has_value());
+  EXPECT_FALSE(LinkOrCopyTree(data, rel + "/step-00000099", (dir_ / "copy").string()).ok());
+  EXPECT_FALSE(fs::exists(dir_ / "copy" / "MANIFEST.json"));
+  EXPECT_EQ(RemovePartialCheckpoints(data, rel), 0);
+  EXPECT_TRUE(fs::exists(outside / "step-00000098.tmp" / "model.safetensors"));
+  // A step directory that is a link is passed over too; the real ones beneath are used.
+  fs::remove(dir_ / "data" / "jobs" / "j-000001" / "checkpoints");
+  Write(dir_ / "data" / rel / "step-00000002" / "MANIFEST.json", "{}");
+  fs::create_directory_symlink(outside / "step-00000099", dir_ / "data" / rel / "step-00000050");
+  EXPECT_EQ(NewestCheckpoint(data, rel), (dir_ / "data" / rel / "step-00000002").string());
+  Write(dir_ / "data" / rel / "step-00000003.tmp" / "x", "1234");
+  EXPECT_EQ(RemovePartialCheckpoints(data, rel), 4);
+}
+
 }  // namespace ftd::server

@@ -106,7 +106,8 @@ absl::StatusOr<Removed> JobManager::RunRetention() {
       if (freed.ok()) out->freed_bytes += *freed;
       continue;
     }
-    out->freed_bytes += RemovePartialCheckpoints((it->path() / "checkpoints").string());
+    // Beneath the data directory, never through a link its worker's user swapped in.
+    out->freed_bytes += RemovePartialCheckpoints(cfg_.data_dir, absl::StrCat("jobs/", id, "/checkpoints"));
   }
   if (!out->ids.empty() || out->freed_bytes > 0) {
     std::cerr << "ftd: retention: deleted " << out->ids.size() << " job(s) finished over "

@@ -182,8 +182,11 @@ absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::Resubmit(const ftd::v1::R
                                                       "nothing to resume from"));
   }
   sub.mutable_spec()->mutable_checkpoint()->set_resume(true);
-  const std::string old_dir = ck.has_dir() ? ck.dir() : (fs::path(JobDir(req.id())) / "checkpoints").string();
-  auto newest = NewestCheckpoint(old_dir);
+  // The job's own directory may be its worker's user's: resolved beneath the data directory, never
+  // through a link swapped in there (OpenDirBeneath).
+  const std::string old_rel = absl::StrCat("jobs/", req.id(), "/checkpoints");
+  const std::string old_dir = ck.has_dir() ? ck.dir() : (fs::path(cfg_.data_dir) / old_rel).string();
+  auto newest = ck.has_dir() ? NewestCheckpoint(old_dir) : NewestCheckpoint(cfg_.data_dir, old_rel);
   if (!newest.has_value()) {
     return absl::FailedPreconditionError(absl::StrCat("job ", req.id(), " has no complete checkpoint in ", old_dir,
                                                       " (cancel --checkpoint writes one); resubmit without --resume "
@@ -195,7 +198,8 @@ absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::Resubmit(const ftd::v1::R
   if (ck.has_dir()) return Submit(sub, submitted_by, owner_uid);
   const fs::path staging = fs::path(cfg_.data_dir) / "jobs" / absl::StrCat(".resume-", NewToken());
   const fs::path staged = staging / fs::path(*newest).filename();
-  if (auto st = LinkOrCopyTree(*newest, staged.string()); !st.ok()) {
+  const std::string newest_rel = absl::StrCat(old_rel, "/", fs::path(*newest).filename().string());
+  if (auto st = LinkOrCopyTree(cfg_.data_dir, newest_rel, staged.string()); !st.ok()) {
     (void)RemoveTree(staging.string());
     return st;
   }
