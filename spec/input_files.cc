@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <cerrno>
 #include <string>
 #include "absl/strings/string_view.h"
 
@@ -20,10 +21,17 @@ std::string Quote(const std::string& path) {
   return absl::StrCat("\"", absl::string_view(path).substr(0, kQuoteMax), "...\" (", path.size(), " bytes)");
 }
 
-absl::Status Check(absl::string_view field, const std::string& path, Want want) {
+absl::Status Check(absl::string_view field, const std::string& path, Want want, bool output) {
   if (path.empty() || path.front() != '/') return absl::OkStatus();
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return absl::OkStatus();  // missing or unreadable: the worker says why
+  if (::stat(path.c_str(), &st) != 0) {
+    // An input that is not there fails the job at its start, after its wait in the queue: refuse it
+    // now. An output the worker makes; another error (a permission) the worker reports as it opens.
+    if (output || (errno != ENOENT && errno != ENOTDIR)) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(field, " ", Quote(path), " does not exist; give an existing ",
+                                                   want == Want::kDirectory ? "directory" : "file",
+                                                   " (ftctl takes a relative path against its current directory)"));
+  }
   const bool file = S_ISREG(st.st_mode), dir = S_ISDIR(st.st_mode);
   const char* expected = nullptr;
   switch (want) {
@@ -53,18 +61,19 @@ absl::Status CheckInputFiles(const TrainConfig& c) {
     absl::string_view field;
     const std::string& path;
     Want want;
+    bool output;  // made by the worker when missing
   } inputs[] = {
-      {"spec.data.path", c.data.path, Want::kFile},
-      {"spec.data.eval_path", c.data.eval_path, Want::kFile},
-      {"spec.data.tokenizer_path", c.data.tokenizer_path, Want::kDirectory},
-      {"spec.data.cache_dir", c.data.cache_dir, Want::kDirectory},
-      {"spec.model.config_path", c.model.config_path, Want::kFileOrDirectory},
-      {"spec.model.weights_path", c.model.weights_path, Want::kDirectory},
-      {"spec.lora.adapter_path", c.lora.adapter_path, Want::kDirectory},
-      {"spec.checkpoint.dir", c.checkpoint.dir, Want::kDirectory},
+      {"spec.data.path", c.data.path, Want::kFile, false},
+      {"spec.data.eval_path", c.data.eval_path, Want::kFile, false},
+      {"spec.data.tokenizer_path", c.data.tokenizer_path, Want::kDirectory, false},
+      {"spec.data.cache_dir", c.data.cache_dir, Want::kDirectory, true},
+      {"spec.model.config_path", c.model.config_path, Want::kFileOrDirectory, false},
+      {"spec.model.weights_path", c.model.weights_path, Want::kDirectory, false},
+      {"spec.lora.adapter_path", c.lora.adapter_path, Want::kDirectory, false},
+      {"spec.checkpoint.dir", c.checkpoint.dir, Want::kDirectory, true},
   };
   for (const auto& in : inputs) {
-    if (auto st = Check(in.field, in.path, in.want); !st.ok()) return st;
+    if (auto st = Check(in.field, in.path, in.want, in.output); !st.ok()) return st;
   }
   return absl::OkStatus();
 }

@@ -2,9 +2,11 @@
 // is of the wrong type (a FIFO, a device, a socket, a directory where a file is expected, or a file
 // where a directory is) is refused at submission, naming the field. Reading a FIFO with no writer
 // would block the worker's training thread forever. The worker checks again when it opens each
-// file (worker/engine/fs_util.h), since a path can change between submission and the run.
-// Paths that do not exist yet, or are relative (resolved where the worker runs), are left to that
-// check. No protobuf, no LibTorch.
+// file (worker/engine/fs_util.h), since a path can change between submission and the run. An input
+// that does not exist is refused too: it would fail the job only after its wait in the queue.
+// Outputs that do not exist yet (the worker makes them), inputs the daemon may not look at, and
+// relative paths (resolved where the worker runs) are left to the worker's check. No protobuf, no
+// LibTorch.
 #pragma once
 
 #include <sys/types.h>
@@ -17,7 +19,8 @@ namespace ftd::spec {
 // "a directory", "a FIFO", "a socket", "a character device", "a block device", "a regular file".
 const char* FileTypeName(mode_t mode);
 
-// INVALID_ARGUMENT naming the first field whose existing path is of the wrong type:
+// INVALID_ARGUMENT naming the first field whose existing path is of the wrong type, or whose input
+// does not exist (all but spec.data.cache_dir and spec.checkpoint.dir):
 //   spec.data.path              a regular file
 //   spec.data.eval_path         a regular file
 //   spec.data.tokenizer_path    a directory

@@ -67,18 +67,42 @@ TEST_F(InputFiles, DevicesAndDirectoriesWhereAFileIsExpectedAreRefused) {
   EXPECT_NE(CheckInputFiles(c).message().find("spec.data.cache_dir"), std::string::npos);
 }
 
-TEST_F(InputFiles, RightTypesMissingAndRelativePathsPass) {
+TEST_F(InputFiles, RightTypesMissingOutputsAndRelativePathsPass) {
   TrainConfig c;
   EXPECT_TRUE(CheckInputFiles(c).ok());  // no paths at all
   c.data.path = P("tokens.bin");
   c.model.config_path = P("tokens.bin");
   c.model.weights_path = P("weights");
-  c.checkpoint.dir = P("not-yet");  // created by the worker
+  c.checkpoint.dir = P("not-yet");  // outputs are made by the worker
+  c.data.cache_dir = P("not-yet/cache");
   EXPECT_TRUE(CheckInputFiles(c).ok()) << CheckInputFiles(c);
-  c.data.path = P("missing.bin");  // the worker reports a missing file when it opens it
-  EXPECT_TRUE(CheckInputFiles(c).ok());
   c.data.path = "fifo";  // relative: resolved where the worker runs
   EXPECT_TRUE(CheckInputFiles(c).ok());
+}
+
+TEST_F(InputFiles, AMissingInputIsRefusedNamingTheFieldAndThePath) {
+  // Accepted, it would fail the job only once it left the queue.
+  TrainConfig c;
+  c.data.path = P("missing.bin");
+  auto st = CheckInputFiles(c);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find(absl::StrCat("spec.data.path \"", P("missing.bin"), "\" does not exist; give an "
+                                           "existing file")),
+            std::string::npos)
+      << st;
+  c.data.path = P("tokens.bin/under-a-file.bin");  // ENOTDIR
+  EXPECT_NE(CheckInputFiles(c).message().find("spec.data.path"), std::string::npos);
+  c.data.path = P("tokens.bin");
+  c.model.weights_path = P("no-weights");
+  st = CheckInputFiles(c);
+  EXPECT_NE(st.message().find("spec.model.weights_path"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("give an existing directory"), std::string::npos) << st;
+  c.model.weights_path = "";
+  for (std::string* field : {&c.data.eval_path, &c.data.tokenizer_path, &c.model.config_path, &c.lora.adapter_path}) {
+    *field = P("gone");
+    EXPECT_NE(CheckInputFiles(c).message().find("does not exist"), std::string::npos);
+    *field = "";
+  }
 }
 
 TEST_F(InputFiles, ALongPathIsNotEchoedWhole) {

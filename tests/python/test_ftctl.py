@@ -226,8 +226,10 @@ def test_relative_paths_are_resolved_against_the_callers_directory(tmp_path):
     d = Daemon(tmp_path, "--paused")
     work = tmp_path / "work"
     (work / "sub").mkdir(parents=True)
+    weights = tmp_path / "abs" / "weights"  # an absolute path stays as it is
+    weights.mkdir(parents=True)
     spec = dict(TINY, data={"path": "train.bin"}, checkpoint={"dir": "../ck"},
-                model={"weights_path": "/abs/weights", "config_path": "sub/config.json"},
+                model={"weights_path": str(weights), "config_path": "sub/config.json"},
                 lora={"adapter_path": "adapters/a"})
     (work / "sub" / "job.json").write_text(json.dumps(spec))
     for f in ("train.bin", "data/x.bin", "sub/config.json"):  # inputs that exist, seen from the caller
@@ -240,8 +242,30 @@ def test_relative_paths_are_resolved_against_the_callers_directory(tmp_path):
         s = get(d, p.stdout.strip())["spec"]
         assert s["data"]["path"] == str(work / "data" / "x.bin")  # --set paths too
         assert s["checkpoint"]["dir"] == str(tmp_path / "ck")
-        assert s["model"] == {"weights_path": "/abs/weights", "config_path": str(work / "sub" / "config.json")}
+        assert s["model"] == {"weights_path": str(weights), "config_path": str(work / "sub" / "config.json")}
         assert s["lora"]["adapter_path"] == str(work / "adapters" / "a")
+    finally:
+        d.stop()
+
+
+def test_a_missing_input_is_refused_at_submit_not_after_the_queue(tmp_path):
+    # Without --user-root (the single-user default of scripts/run.sh) a data file that is not there
+    # was accepted, waited its turn in the queue, and only then failed the job.
+    d = Daemon(tmp_path, "--paused")
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "job.json").write_text(json.dumps(dict(TINY, data={"path": "train.bin"}, checkpoint={"dir": "ck"})))
+    try:
+        p = _ftctl_in(work, d, "submit", "job.json")
+        assert p.returncode == 3, (p.stdout, p.stderr)
+        assert f'INVALID_ARGUMENT: spec.data.path "{work / "train.bin"}" does not exist; give an existing file' \
+            in p.stderr, p.stderr
+        p = _ftctl_in(work, d, "submit", "job.json", "--set", 'model.weights_path="w"', "--set", 'data.path=""')
+        assert p.returncode == 3 and f'spec.model.weights_path "{work / "w"}" does not exist' in p.stderr, p.stderr
+        assert json.loads(ftctl(d, "list", "-o", "json").stdout) == []  # nothing was queued
+        (work / "train.bin").write_bytes(b"\0" * 4096)  # once it exists (the output ck/ need not)
+        p = _ftctl_in(work, d, "submit", "job.json")
+        assert p.returncode == 0, p.stderr
     finally:
         d.stop()
 

@@ -47,10 +47,16 @@ def test_huge_strings_are_refused_and_records_stay_small(tmp_path):
             code, details = refused(lambda: svc.SubmitJob(msg("SubmitJobRequest")(spec=spec(TINY), **{field: value}),
                                                           timeout=20))
             assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith(field + " "), details
-        # The longest path allowed, run by the real worker (which fails to open it), and a worker whose
-        # error is 100 kB long (the limit of one environment string bounds the script).
+        # A path near the longest allowed, run by the real worker (which refuses the file it names: 3
+        # bytes are no token file), and a worker whose error is 100 kB long (the limit of one
+        # environment string bounds the script).
+        long_path = tmp_path
+        while len(str(long_path)) < 3700:
+            long_path = long_path / ("y" * 250)
+        long_path.mkdir(parents=True)
+        (long_path / "tokens.bin").write_bytes(b"abc")
         ids = [svc.SubmitJob(msg("SubmitJobRequest")(name="long", spec=spec(dict(TINY, steps=2, data={
-            "path": "/nonexistent/" + "y" * 4000}))), timeout=20).job.id,
+            "path": str(long_path / "tokens.bin")}))), timeout=20).job.id,
             svc.SubmitJob(msg("SubmitJobRequest")(name="loud", spec=spec(TINY)), timeout=20).job.id]
         jobs = [final(svc, i) for i in ids]
         assert all(enum_name("JobState", j.state) == "FAILED" for j in jobs), jobs
@@ -110,7 +116,10 @@ def test_a_request_that_does_not_parse_is_invalid_argument_naming_the_field_on_e
                 checked += 1
     assert checked >= 30, checked
     # Nested and top-level fields of SubmitJob, and the same request once valid.
-    good = msg("SubmitJobRequest")(name="NAME", owner="OWNR", spec=spec(dict(TINY, data={"path": "/PATH"})))
+    path = daemon.data.parent / "PATH"  # an input that exists: a missing one is refused at submit
+    path.write_bytes(b"\0" * 64)
+    assert str(path).count("PATH") == 1 and "NAME" not in str(path) and "OWNR" not in str(path)
+    good = msg("SubmitJobRequest")(name="NAME", owner="OWNR", spec=spec(dict(TINY, data={"path": str(path)})))
     wire = good.SerializeToString()
     for marker, field in ((b"NAME", "name"), (b"OWNR", "owner"), (b"PATH", "spec.data.path")):
         code, details = refused(lambda: submit_raw(daemon, wire.replace(marker, b"\xff\xfe" + marker[2:])))
