@@ -1,8 +1,10 @@
 #include "client/cli_help.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -50,6 +52,54 @@ bool TakesValue(const CLI::App& app, const std::string& flag) {
 }
 
 }  // namespace
+
+CLI::Validator WholeNumberAtLeast(int64_t min) {
+  return CLI::Validator(
+      [min](std::string& v) -> std::string {
+        int64_t n = 0;
+        if (absl::SimpleAtoi(v, &n) && n >= min) return "";
+        return absl::StrCat("must be a whole number >= ", min, " (got \"", v, "\")");
+      },
+      absl::StrCat("INT>=", min));
+}
+
+CLI::Validator PositiveNumber() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        double x = 0;
+        if (absl::SimpleAtod(v, &x) && x > 0 && std::isfinite(x)) return "";
+        return absl::StrCat("must be a number > 0 (got \"", v, "\")");
+      },
+      "NUMBER>0");
+}
+
+CLI::Validator OneOf(std::vector<std::string> choices, bool to_index) {
+  const std::string desc = absl::StrJoin(choices, "|");
+  return CLI::Validator(
+      [choices = std::move(choices), to_index](std::string& v) -> std::string {
+        for (size_t i = 0; i < choices.size(); ++i) {
+          if (absl::EqualsIgnoreCase(v, choices[i])) {
+            v = to_index ? std::to_string(i) : choices[i];
+            return "";
+          }
+        }
+        return absl::StrCat("must be one of ", absl::StrJoin(choices, ", "), " (got \"", v, "\")");
+      },
+      desc);
+}
+
+std::string UsageError(const CLI::App& app, const CLI::ParseError& e) {
+  // The commands parsed before the error ("admin token create").
+  std::string command;
+  for (const CLI::App* at = &app;;) {
+    const auto subs = at->get_subcommands();
+    if (subs.empty()) break;
+    at = subs.front();
+    absl::StrAppend(&command, command.empty() ? "" : " ", at->get_name());
+  }
+  if (command.empty()) return absl::StrCat(e.what(), "; ftctl --help lists the commands and flags");
+  return absl::StrCat(e.what(), "; ftctl ", command, " --help lists the flags");
+}
 
 std::string ClosestMatch(const std::string& typed, const std::vector<std::string>& candidates) {
   std::string best;

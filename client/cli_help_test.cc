@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 namespace ftd::client {
 namespace {
 
@@ -55,6 +57,37 @@ TEST(Completion, ScriptsNameEveryCommandAndFlag) {
       << bash;
   const std::string zsh = CompletionScript(f.app, "zsh");
   EXPECT_EQ(zsh.rfind("autoload -U +X bashcompinit && bashcompinit", 0), 0u);
+}
+
+TEST(Validators, RefusalsNameTheValueAndWhatIsAllowed) {
+  // CLI11's own checks said "Value -1 not in range 0.000000 to 17976931348623157081452742373170..."
+  // and "Check jsn value in {json->1,table->0,yaml->2} OR {1,0,2} FAILED".
+  CLI::App app{"test"};
+  int64_t limit = 0;
+  double timeout = 0;
+  int format = 0;
+  auto* list = app.add_subcommand("list");
+  list->add_option("--limit", limit)->check(WholeNumberAtLeast(0));
+  list->add_option("-o,--output", format)->transform(OneOf({"table", "json", "yaml"}, true));
+  app.add_option("--timeout", timeout)->check(PositiveNumber());
+  auto fails = [&](std::vector<std::string> args) -> std::string {
+    std::reverse(args.begin(), args.end());  // CLI11 parses a reversed vector
+    try {
+      app.parse(args);
+    } catch (const CLI::ParseError& e) {
+      return UsageError(app, e);
+    }
+    return "";
+  };
+  EXPECT_EQ(fails({"list", "--limit", "-1"}),
+            "--limit: must be a whole number >= 0 (got \"-1\"); ftctl list --help lists the flags");
+  EXPECT_EQ(fails({"list", "-o", "jsn"}),
+            "--output: must be one of table, json, yaml (got \"jsn\"); ftctl list --help lists the flags");
+  EXPECT_EQ(fails({"--timeout", "0", "list"}).rfind("--timeout: must be a number > 0 (got \"0\")", 0), 0u)
+      << fails({"--timeout", "0", "list"});
+  EXPECT_EQ(fails({"list", "--limit", "3", "-o", "YAML"}), "");
+  EXPECT_EQ(limit, 3);
+  EXPECT_EQ(format, 2);
 }
 
 }  // namespace

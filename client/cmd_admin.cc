@@ -78,20 +78,20 @@ Command AddAdmin(CLI::App& app) {
   auto f = std::make_shared<Flags>();
   auto* create = token->add_subcommand("create", "Issue a token for USER; its secret is printed once, on stdout");
   create->add_option("user", f->user, "the user the token authenticates")->required();
-  create->add_option("--role", f->role, "user or admin")->check(CLI::IsMember({"user", "admin"}))->capture_default_str();
+  create->add_option("--role", f->role, "user or admin")->check(OneOf({"user", "admin"}))->capture_default_str();
   create->add_option("--ttl", f->ttl, "lifetime: 90d, 12h, 30m, 3600s (default 90d)");
   create->add_option("--description", f->description, "what the token is for (at most 200 characters)");
   auto* list = token->add_subcommand("list", "List tokens (never their secrets)");
   list->add_option("--user", f->user, "only this user's");
   list->add_flag("--all", f->all, "also revoked and expired tokens");
-  list->add_option("-o,--output", f->output, "table or json")->check(CLI::IsMember({"table", "json"}));
+  list->add_option("-o,--output", f->output, "table or json")->check(OneOf({"table", "json"}));
   auto* revoke = token->add_subcommand("revoke", "Revoke a token by its id (ftctl admin token list)");
   revoke->add_option("id", f->id, "token id")->required();
   auto* audit = admin->add_subcommand("audit", "Show the audit log of mutating calls, newest first");
   audit->add_option("--limit", f->limit, "records (1..1000)")->check(CLI::Range(1, 1000))->capture_default_str();
   audit->add_option("--user", f->user, "only this user's calls");
   audit->add_option("--action", f->action, "only this action (SubmitJob, CancelJob, CreateToken, ...)");
-  audit->add_option("-o,--output", f->output, "table or json")->check(CLI::IsMember({"table", "json"}));
+  audit->add_option("-o,--output", f->output, "table or json")->check(OneOf({"table", "json"}));
 
   return {admin, [=](Context& ctx) {
             if (create->parsed()) {

@@ -17,7 +17,7 @@ Command AddCompare(CLI::App& app) {
   auto* c = app.add_subcommand("compare", "Two PROFILE jobs side by side per op (time, calls, difference)");
   c->add_option("a", f->a, "job id A (e.g. the eager run)")->required();
   c->add_option("b", f->b, "job id B (e.g. the fused run)")->required();
-  c->add_option("--top", f->top, "rows (0: all)")->check(CLI::NonNegativeNumber);
+  c->add_option("--top", f->top, "rows (0: all)")->check(WholeNumberAtLeast(0));
   AddOutputFlag(c, &f->output);
   return {c, [f](Context& ctx) {
             auto a = FetchProfile(ctx.client(), f->a);

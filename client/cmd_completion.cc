@@ -10,7 +10,7 @@ Command AddCompletion(CLI::App& app) {
   auto shell = std::make_shared<std::string>();
   auto* c = app.add_subcommand("completion",
                                "Print a shell completion script: source <(ftctl completion bash), or zsh");
-  c->add_option("shell", *shell, "bash or zsh")->required()->check(CLI::IsMember({"bash", "zsh"}));
+  c->add_option("shell", *shell, "bash or zsh")->required()->check(OneOf({"bash", "zsh"}));
   return {c, [shell, &app](Context&) {
             std::cout << CompletionScript(app, *shell);
             return kExitOk;

@@ -70,7 +70,7 @@ Command AddList(CLI::App& app) {
   AddKindFlag(c, &f->kind);
   c->add_option("--name", f->name, "only jobs whose name matches this (a shell pattern: 'sweep-*')");
   c->add_option("--limit", f->limit, "the newest N jobs (with --oldest-first the oldest N; default: all)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(WholeNumberAtLeast(0));
   c->add_flag("--oldest-first", f->oldest_first, "in submission order instead");
   AddOutputFlag(c, &f->output);
   return {c, [f](Context& ctx) { return RunList(*f, ctx); }};

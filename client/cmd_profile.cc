@@ -55,7 +55,7 @@ Command AddProfile(CLI::App& app) {
   auto* c = app.add_subcommand("profile", "Show a PROFILE job's per-op table; --trace downloads its trace");
   c->add_option("id", f->id, "job id")->required();
   c->add_option("--trace", f->trace_path, "write the Chrome/Perfetto trace JSON to this file");
-  c->add_option("--top", f->top, "rows of the table (0: all)")->check(CLI::NonNegativeNumber);
+  c->add_option("--top", f->top, "rows of the table (0: all)")->check(WholeNumberAtLeast(0));
   AddOutputFlag(c, &f->output);
   return {c, [f](Context& ctx) { return RunProfile(*f, ctx); }};
 }

@@ -12,7 +12,7 @@ Command AddWatch(CLI::App& app) {
   auto* c = app.add_subcommand("watch", "Follow a job's events live until it ends (Ctrl-C stops watching, not the job)");
   c->add_option("id", f->id, "job id")->required();
   c->add_option("-o,--output", f->output, "text (one line per event) or json (one object per event)")
-      ->check(CLI::IsMember({"text", "json"}));
+      ->check(OneOf({"text", "json"}));
   return {c, [f](Context& ctx) {
             return Follow(ctx.client(), f->id, f->output == "json" ? FollowOutput::kJson : FollowOutput::kText);
           }};

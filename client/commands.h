@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "client/cli_help.h"
 #include "client/context.h"
 #include "ftd/v1/jobs.pb.h"
 

@@ -20,7 +20,7 @@ int main(int argc, char** argv) {
   GlobalFlags flags;
   app.add_option("--addr", flags.addr, "ftd address host:port (default: $FTD_ADDR, the config file, 127.0.0.1:7070)");
   app.add_option("--timeout", flags.timeout_s, "seconds each call may take, retries included (default 30)")
-      ->check(CLI::PositiveNumber);
+      ->check(PositiveNumber());
   app.add_option("--context", flags.context, "a context of the config file (default: $FTD_CONTEXT, its current_context)");
 
   const std::vector<Command> commands = {AddSubmit(app), AddList(app),    AddGet(app),     AddWatch(app),
@@ -35,8 +35,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     const std::string hint = DidYouMean(app, std::vector<std::string>(argv + 1, argv + argc));
     if (!hint.empty()) return Usage(hint);
-    app.exit(e);
-    return kExitUsage;
+    return Usage(UsageError(app, e));
   }
 
   auto opts = ResolveOptions(flags);

@@ -4,15 +4,16 @@
 
 #include <map>
 
+#include "client/cli_help.h"
+
 namespace ftd::client {
 
 using nlohmann::ordered_json;
 
 CLI::Option* AddOutputFlag(CLI::App* cmd, OutputFormat* format) {
-  static const std::map<std::string, OutputFormat> kFormats = {
-      {"table", OutputFormat::kTable}, {"json", OutputFormat::kJson}, {"yaml", OutputFormat::kYaml}};
+  // In the order of OutputFormat's values.
   return cmd->add_option("-o,--output", *format, "table (default), json or yaml")
-      ->transform(CLI::CheckedTransformer(kFormats, CLI::ignore_case))
+      ->transform(OneOf({"table", "json", "yaml"}, /*to_index=*/true))
       ->option_text("table|json|yaml");
 }
 

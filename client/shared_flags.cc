@@ -4,11 +4,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "client/cli_help.h"
 
 namespace ftd::client {
 
 CLI::Option* AddKindFlag(CLI::App* cmd, std::string* kind) {
-  return cmd->add_option("--kind", *kind, "finetune or profile")->check(CLI::IsMember({"finetune", "profile"}));
+  return cmd->add_option("--kind", *kind, "finetune or profile")->check(OneOf({"finetune", "profile"}));
 }
 
 CLI::Option* AddOwnerFilter(CLI::App* cmd, std::string* owner) {

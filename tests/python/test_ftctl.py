@@ -322,6 +322,22 @@ def test_cancel_takes_several_ids(tmp_path):
         d.stop()
 
 
+def test_bad_flag_values_are_named_with_what_is_allowed():
+    # CLI11's own refusals printed "Value -1 not in range 0.000000 to 1797693134862315708145..." and
+    # "Check jsn value in {json->1,table->0,yaml->2} OR {1,0,2} FAILED".
+    env = dict(os.environ, FTD_ADDR=f"127.0.0.1:{free_port()}")  # refused before any connection
+    for args, line in ((["list", "--limit", "-1"], '--limit: must be a whole number >= 0 (got "-1")'),
+                       (["list", "-o", "jsn"], '--output: must be one of table, json, yaml (got "jsn")'),
+                       (["--timeout", "0", "get", "j-1"], '--timeout: must be a number > 0 (got "0")'),
+                       (["logs", "--tail", "ten", "j-1"], '--tail: must be a whole number >= 0 (got "ten")')):
+        p = subprocess.run([str(FTCTL), *args], capture_output=True, text=True, timeout=10, env=env)
+        cmd = next(a for a in args if a in ("list", "get", "logs"))
+        assert p.returncode == 64 and p.stderr == f"ftctl: {line}; ftctl {cmd} --help lists the flags\n", p.stderr
+    p = subprocess.run([str(FTCTL), "list", "-o", "YAML", "--limit", "0"], capture_output=True, text=True, timeout=10,
+                       env=env)
+    assert p.returncode == 3 and "UNAVAILABLE" in p.stderr, p.stderr  # accepted: it went on to connect
+
+
 def test_version_did_you_mean_and_completion():
     p = subprocess.run([str(FTCTL), "--version"], capture_output=True, text=True, timeout=10)
     assert p.returncode == 0 and p.stdout.startswith("ftctl "), (p.stdout, p.stderr)
