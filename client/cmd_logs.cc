@@ -1,4 +1,4 @@
-// ftctl logs ID [-f] [--tail BYTES]: a follow survives a daemon restart (it resumes at the byte offset
+// ftctl logs ID [-f] [--tail LINES] [--tail-bytes BYTES]: a follow survives a daemon restart (it resumes at the byte offset
 // after the last one printed).
 #include <iostream>
 
@@ -11,14 +11,19 @@ Command AddLogs(CLI::App& app) {
   auto id = std::make_shared<std::string>();
   auto follow = std::make_shared<bool>(false);
   auto tail = std::make_shared<int64_t>(0);
+  auto tail_bytes = std::make_shared<int64_t>(0);
   auto* c = app.add_subcommand("logs", "Print a job's log: the worker's output and its step lines");
   c->add_option("id", *id, "job id")->required();
   c->add_flag("-f,--follow", *follow, "keep printing what the job writes until it ends (Ctrl-C stops)");
-  c->add_option("--tail", *tail, "only the last BYTES of the log (from a whole line)")->check(CLI::NonNegativeNumber);
-  return {c, [req, id, follow, tail](Context& ctx) {
+  // Lines, as kubectl logs --tail and tail -n count them.
+  c->add_option("--tail", *tail, "only the last LINES of the log")->check(WholeNumberAtLeast(0));
+  c->add_option("--tail-bytes", *tail_bytes, "only the last BYTES of the log (from a whole line)")
+      ->check(WholeNumberAtLeast(0));
+  return {c, [req, id, follow, tail, tail_bytes](Context& ctx) {
             req->set_id(*id);
             req->set_follow(*follow);
-            req->set_tail_bytes(*tail);
+            req->set_tail_lines(*tail);
+            req->set_tail_bytes(*tail_bytes);
             bool reconnecting = false;
             auto st = ctx.client().Logs(
                 *req, [](const std::string& data) { std::cout << data << std::flush; },

@@ -317,6 +317,7 @@ absl::Status JobClient::Logs(const ftd::v1::GetLogsRequest& request,
       // A resumed stream starts at the byte after the last one shown.
       req.set_offset(chunk.offset() + static_cast<int64_t>(chunk.data().size()));
       req.set_tail_bytes(0);
+      req.set_tail_lines(0);
       on_data(chunk.data());
     }
     const grpc::Status st = reader->Finish();

@@ -129,6 +129,27 @@ TEST_F(JobFilesTest, TheLogReaderFollowsAGrowingFileAndTailsFromAWholeLine) {
   EXPECT_EQ(exact.Read(1 << 20), "three\nfour\n");
 }
 
+TEST_F(JobFilesTest, TheLogReaderTailsWholeLinesCountedFromTheEnd) {
+  const fs::path log = dir_ / "worker.log";
+  Write(log, "one\ntwo\nthree\nfour\n");
+  EXPECT_EQ(LogReader(log.string(), 0, 0, 2).Read(1 << 20), "three\nfour\n");
+  EXPECT_EQ(LogReader(log.string(), 0, 0, 1).Read(1 << 20), "four\n");
+  EXPECT_EQ(LogReader(log.string(), 0, 0, 4).Read(1 << 20), "one\ntwo\nthree\nfour\n");
+  EXPECT_EQ(LogReader(log.string(), 0, 0, 100).Read(1 << 20), "one\ntwo\nthree\nfour\n");
+  EXPECT_EQ(LogReader(log.string(), 8, 0, 3).Read(1 << 20), "four\n") << "both: the later start";
+  EXPECT_EQ(LogReader(log.string(), 0, 8, 1).Read(1 << 20), "three\nfour\n") << "an offset wins";
+  std::ofstream(log, std::ios::app) << "half";  // a last line still being written counts as one
+  EXPECT_EQ(LogReader(log.string(), 0, 0, 2).Read(1 << 20), "four\nhalf");
+  // Lines across the reader's 64 KiB blocks.
+  std::string big;
+  for (int i = 0; i < 20000; ++i) big += "line " + std::to_string(i) + "\n";
+  Write(log, big);
+  EXPECT_EQ(LogReader(log.string(), 0, 0, 3).Read(1 << 20), "line 19997\nline 19998\nline 19999\n");
+  const std::string last15000 = LogReader(log.string(), 0, 0, 15000).Read(1 << 20);
+  EXPECT_EQ(last15000.substr(0, 10), "line 5000\n");
+  EXPECT_TRUE(big.size() > last15000.size() && big.substr(big.size() - last15000.size()) == last15000);
+}
+
 TEST_F(JobFilesTest, TheLogReaderResumesAtAnOffsetAndSaysWhereItIs) {
   const fs::path log = dir_ / "worker.log";
   LogReader later(log.string(), 0, 8);  // a follow resumed at byte 8, before the file exists

@@ -9,8 +9,36 @@
 
 namespace ftd::server {
 
-LogReader::LogReader(std::string path, int64_t tail_bytes, int64_t offset)
-    : path_(std::move(path)), tail_(offset > 0 ? 0 : tail_bytes), pos_(std::max<int64_t>(offset, 0)) {
+namespace {
+
+// Where the last `lines` whole lines of the `size`-byte file begin (a final line without its newline
+// counts as one).
+long StartOfLastLines(FILE* f, long size, int64_t lines) {
+  constexpr long kBlock = 64 << 10;
+  std::string buf(kBlock, '\0');
+  // The newline that ends the file ends its last line: it starts no line after it.
+  long end = size;
+  if (end > 0 && std::fseek(f, end - 1, SEEK_SET) == 0 && std::fgetc(f) == '\n') --end;
+  int64_t seen = 0;
+  while (end > 0) {
+    const long from = std::max(0L, end - kBlock);
+    if (std::fseek(f, from, SEEK_SET) != 0) return 0;
+    const size_t n = std::fread(buf.data(), 1, static_cast<size_t>(end - from), f);
+    for (size_t i = n; i-- > 0;) {
+      if (buf[i] == '\n' && ++seen == lines) return from + static_cast<long>(i) + 1;
+    }
+    end = from;
+  }
+  return 0;
+}
+
+}  // namespace
+
+LogReader::LogReader(std::string path, int64_t tail_bytes, int64_t offset, int64_t tail_lines)
+    : path_(std::move(path)),
+      tail_(offset > 0 ? 0 : tail_bytes),
+      tail_lines_(offset > 0 ? 0 : tail_lines),
+      pos_(std::max<int64_t>(offset, 0)) {
   Open();
 }
 
@@ -45,6 +73,10 @@ bool LogReader::Open() {
     }
     pos_ = std::ftell(f_);
   }
+  if (tail_lines_ > 0 && std::fseek(f_, 0, SEEK_END) == 0) {
+    pos_ = std::max<int64_t>(pos_, StartOfLastLines(f_, std::ftell(f_), tail_lines_));
+    std::fseek(f_, static_cast<long>(pos_), SEEK_SET);
+  }
   return true;
 }
 
@@ -60,13 +92,14 @@ std::string LogReader::Read(size_t max) {
 
 absl::Status StreamJobLog(JobManager* m, const std::string& id, bool follow, int64_t tail_bytes, int64_t offset,
                           const std::function<bool(int64_t, std::string_view)>& sink,
-                          const std::function<bool()>& stop) {
+                          const std::function<bool()>& stop, int64_t tail_lines) {
   if (tail_bytes < 0) return absl::InvalidArgumentError("tail_bytes must be >= 0");
+  if (tail_lines < 0) return absl::InvalidArgumentError("tail_lines must be >= 0");
   if (offset < 0) return absl::InvalidArgumentError("offset must be >= 0");
   auto sub = m->Subscribe(id);  // before the first read: nothing appended after it goes unnoticed
   auto log = m->Log(id);
   if (!log.ok()) return log.status();
-  LogReader reader(log->path, tail_bytes, offset);
+  LogReader reader(log->path, tail_bytes, offset, tail_lines);
   constexpr size_t kChunk = 1 << 20;
   for (;;) {
     if (stop()) return absl::CancelledError("stopped");

@@ -19,8 +19,9 @@ class JobManager;
 class LogReader {
  public:
   // Starts at byte `offset` when > 0; else `tail_bytes` before the end of what exists now, at the
-  // start of the next whole line (0: from the beginning).
-  LogReader(std::string path, int64_t tail_bytes, int64_t offset = 0);
+  // start of the next whole line, and at most `tail_lines` whole lines before the end (0 for both:
+  // from the beginning).
+  LogReader(std::string path, int64_t tail_bytes, int64_t offset = 0, int64_t tail_lines = 0);
   ~LogReader();
   LogReader(const LogReader&) = delete;
   LogReader& operator=(const LogReader&) = delete;
@@ -33,17 +34,18 @@ class LogReader {
   bool Open();
   std::string path_;
   int64_t tail_;
+  int64_t tail_lines_;
   int64_t pos_;
   FILE* f_ = nullptr;
 };
 
 // Streams job `id`'s log to `sink` (each chunk with its offset in the file) in chunks of at most
-// 1 MiB, from `offset` when > 0, else from `tail_bytes` before the end. Without `follow` it sends
+// 1 MiB, from `offset` when > 0, else from the last `tail_bytes` and `tail_lines`. Without `follow` it sends
 // what the file holds now; with it, it goes on until the job has ended and every byte was sent,
 // waking on the job's events and at least every 250 ms. Returns early when `sink` returns false or
 // `stop` returns true (CANCELLED); NOT_FOUND for an unknown job.
 absl::Status StreamJobLog(JobManager* m, const std::string& id, bool follow, int64_t tail_bytes, int64_t offset,
                           const std::function<bool(int64_t offset, std::string_view data)>& sink,
-                          const std::function<bool()>& stop);
+                          const std::function<bool()>& stop, int64_t tail_lines = 0);
 
 }  // namespace ftd::server

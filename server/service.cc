@@ -245,7 +245,7 @@ grpc::Status JobServiceImpl::GetLogs(grpc::ServerContext* ctx, const ftd::v1::Ge
           chunk.set_data(data.data(), data.size());
           return writer->Write(chunk);
         },
-        [&] { return ctx->IsCancelled() || stopping_->load(); });
+        [&] { return ctx->IsCancelled() || stopping_->load(); }, req->tail_lines());
     if (absl::IsCancelled(st) && stopping_->load()) {
       return ToGrpc(absl::UnavailableError("ftd is shutting down; run ftctl logs again once it is back"));
     }

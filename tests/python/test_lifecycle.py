@@ -55,10 +55,13 @@ def test_logs_follow_prints_the_workers_output_and_step_lines_until_the_end(tmp_
         for s in range(1, 6):
             assert f"[ftd] step {s}/5 loss" in p.stdout, p.stdout
         assert get(d, job)["state"] == "SUCCEEDED"  # it ended only once the job had
-        # Without -f, what is there; --tail from a whole line.
+        # Without -f, what is there; --tail counts lines, as kubectl logs --tail and tail -n do;
+        # --tail-bytes bytes, from a whole line.
         whole = ftctl(d, "logs", job).stdout
         assert whole == p.stdout
-        tail = ftctl(d, "logs", "--tail", "100", job).stdout
+        assert ftctl(d, "logs", "--tail", "2", job).stdout == "".join(whole.splitlines(True)[-2:])
+        assert ftctl(d, "logs", "--tail", "1000", job).stdout == whole
+        tail = ftctl(d, "logs", "--tail-bytes", "100", job).stdout
         assert 0 < len(tail) <= 100 and whole.endswith(tail) and whole[:-len(tail)].endswith("\n"), tail
         assert "[ftd] step 5/5" in tail, tail
         # The daemon's own log: a line per job event.
