@@ -36,6 +36,11 @@ bool ConnectionLost(const grpc::Status& st) {
 
 std::string Seconds(std::chrono::milliseconds d) { return absl::StrFormat("%.3g s", d.count() / 1000.0); }
 
+constexpr char kTlsFailed[] =
+    "the TLS handshake failed: something answers there, but check that ca_file is the CA that signed ftd's "
+    "certificate, that the certificate is valid and that its subjectAltName names the host you connect to (a "
+    "certificate for DNS:localhost does not cover 127.0.0.1), and that ftd listens with TLS (--tls-cert)";
+
 // gRPC's reason for a failed connection, in a few words.
 std::string ConnectFailure(const grpc::Status& probe, std::chrono::milliseconds waited) {
   const std::string& m = probe.error_message();
@@ -44,8 +49,7 @@ std::string ConnectFailure(const grpc::Status& probe, std::chrono::milliseconds 
   if (absl::StrContains(m, "Permission denied")) return "permission denied";
   if (absl::StrContains(m, "SSL") || absl::StrContains(m, "ssl") || absl::StrContains(m, "andshake") ||
       absl::StrContains(m, "certificate")) {
-    return "the TLS handshake failed (is ca_file the CA that signed ftd's certificate, is the certificate valid, "
-           "and does ftd listen with TLS?)";
+    return kTlsFailed;
   }
   if (absl::StrContains(m, "DNS resolution failed") || absl::StrContains(m, "not known") ||
       absl::StrContains(m, "Name or service")) {
@@ -147,6 +151,11 @@ bool JobClient::WaitConnected(Clock::time_point deadline) {
 }
 
 absl::Status JobClient::Unreachable(const std::string& why) const {
+  // Where the handshake failed, a server listens: starting one is no advice.
+  if (why == kTlsFailed) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot reach ftd at ", opts_.address, " (", opts_.address_source, "): ", why));
+  }
   return absl::UnavailableError(absl::StrCat(
       "cannot reach ftd at ", opts_.address, " (", opts_.address_source, "): ", why,
       ". Check that ftd runs there, or give its address with --addr HOST:PORT or $FTD_ADDR; to start one: ftd --listen ",
