@@ -183,6 +183,7 @@ std::string JobManager::PlacementLocked(const Job& job) const {
     return absl::StrCat("it would start on GPUs ", absl::StrJoin(gpus, ","), queued.empty() ? " now" : queued);
   }
   if (best == nullptr) {
+    if (cfg_.gpus <= 0) return absl::StrCat("the CPU slot is busy: it would wait for it", queued.empty() ? "" : ", and" + queued);
     return absl::StrCat("no slot fits it now: it would wait for a slot", probe.gpu_bytes > 0 ? " with enough GPU memory" : "",
                         queued.empty() ? "" : ", and" + queued);
   }

@@ -1577,6 +1577,32 @@ TEST_F(SharingTest, AJobOnTwoGpusTakesTwoWholeGpusAtOnceOrWaitsHoldingItsPlace) 
   EXPECT_EQ(launcher_->Last().job_id, after);
 }
 
+TEST_F(SharingTest, ValidateOnlyOnACpuDaemonWithItsSlotBusySaysSoAndNothingOfGpuMemory) {
+  // A spec without a device on a daemon without GPUs: the placement spoke of "a slot with enough
+  // GPU memory".
+  cfg_.gpus = 0;
+  Make();
+  auto plain = [&](bool validate_only) {
+    ftd::v1::SubmitJobRequest req;
+    req.set_owner("u");
+    req.set_validate_only(validate_only);
+    req.mutable_spec()->mutable_model()->set_preset("tiny");
+    req.mutable_spec()->set_steps(10);
+    return manager_->Submit(req);
+  };
+  auto idle = plain(true);
+  ASSERT_TRUE(idle.ok()) << idle.status();
+  EXPECT_EQ(idle->placement(), "it would start on the CPU slot now");
+  Id(plain(false));
+  manager_->Tick();
+  ASSERT_EQ(launcher_->Launches(), 1u);
+  Id(plain(false));
+  auto busy = plain(true);
+  ASSERT_TRUE(busy.ok()) << busy.status();
+  EXPECT_EQ(busy->placement(),
+            "the CPU slot is busy: it would wait for it, and once the 1 queued job(s) ahead of it have had their turn");
+}
+
 TEST_F(SharingTest, OneJobPerGpuKeepsTheSlotNamesAndTheirGpus) {
   cfg_.gpus = 2;
   cfg_.memory.gpu_bytes = int64_t{80} << 30;
