@@ -153,16 +153,21 @@ def small_disk(tmp_path):
     yield from mounted_tmpfs(tmp_path, "8m")
 
 
+def write_until_full(f):
+    """Writes to the open file `f` until its filesystem has no room left."""
+    block = b"f" * (64 << 10)
+    for size in (len(block), 1):
+        try:
+            while True:
+                f.write(block[:size])
+        except OSError as e:
+            assert e.errno == 28, e  # ENOSPC
+
+
 def fill(path):
     """Writes `path` until the filesystem has no room left."""
-    block = b"f" * (64 << 10)
     with open(path, "wb", buffering=0) as f:
-        for size in (len(block), 1):
-            try:
-                while True:
-                    f.write(block[:size])
-            except OSError as e:
-                assert e.errno == 28, e  # ENOSPC
+        write_until_full(f)
 
 
 class KeepFull:
@@ -177,15 +182,9 @@ class KeepFull:
         self.thread.start()
 
     def _run(self):
-        block = b"f" * (64 << 10)
         with open(self.path, "ab", buffering=0) as f:
             while not self.stop_.is_set():
-                for size in (len(block), 1):
-                    try:
-                        while True:
-                            f.write(block[:size])
-                    except OSError as e:
-                        assert e.errno == 28, e  # ENOSPC
+                write_until_full(f)
                 self.stop_.wait(0.002)
 
     def stop(self):
