@@ -11,7 +11,7 @@
 namespace ftd::client {
 
 absl::StatusOr<ftd::v1::ProfileReport> FetchProfile(JobClient& client, const std::string& id) {
-  auto job = client.Get(id);
+  auto job = client.Get(id, /*full=*/true);
   if (!job.ok()) return job.status();
   if (job->kind() != ftd::v1::PROFILE) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -228,9 +228,10 @@ absl::StatusOr<ftd::v1::SubmitJobResponse> JobClient::Submit(const ftd::v1::Subm
       [&](grpc::ClientContext* c, ftd::v1::SubmitJobResponse* r) { return stub_->SubmitJob(c, req, r); });
 }
 
-absl::StatusOr<ftd::v1::Job> JobClient::Get(const std::string& id) {
+absl::StatusOr<ftd::v1::Job> JobClient::Get(const std::string& id, bool full) {
   ftd::v1::GetJobRequest req;
   req.set_id(id);
+  req.set_full(full);
   return Unary<ftd::v1::Job>([&](grpc::ClientContext* c, ftd::v1::Job* r) { return stub_->GetJob(c, req, r); });
 }
 

@@ -49,7 +49,9 @@ class JobClient {
   explicit JobClient(ClientOptions opts);
 
   absl::StatusOr<ftd::v1::SubmitJobResponse> Submit(const ftd::v1::SubmitJobRequest& req);
-  absl::StatusOr<ftd::v1::Job> Get(const std::string& id);
+  // full=false: another user's job comes as its public row (Job.public_only). full=true: the whole
+  // job, or PERMISSION_DENIED naming its owner.
+  absl::StatusOr<ftd::v1::Job> Get(const std::string& id, bool full = false);
   absl::StatusOr<ftd::v1::ListJobsResponse> List(const ftd::v1::ListJobsRequest& req);
   absl::StatusOr<ftd::v1::Job> Cancel(const std::string& id, bool checkpoint = false);
   absl::StatusOr<ftd::v1::DeleteJobResponse> Delete(const std::string& id);

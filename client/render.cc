@@ -151,6 +151,10 @@ std::string JobText(const Job& j, int64_t now_unix_ms) {
     if (!j.result().last_checkpoint().empty()) kv.emplace_back("checkpoint", j.result().last_checkpoint());
   }
   if (!j.request_id().empty()) kv.emplace_back("request id", j.request_id());
+  if (j.public_only()) {
+    kv.emplace_back("private", absl::StrCat("the spec, messages, logs, trace and profile are visible to ", j.owner(),
+                                            " and admins only"));
+  }
   std::string out;
   for (const auto& [k, v] : kv) out += absl::StrFormat("%-15s %s\n", k + ":", v.empty() ? "-" : v);
   return out;

@@ -29,7 +29,8 @@ std::string JobsTable(const std::vector<ftd::v1::Job>& jobs, int64_t now_unix_ms
 // A running job's long phase outside its steps: "save_checkpoint after step 4: 12.0 GiB of 48.0 GiB,
 // about 26s left".
 std::string PhaseText(const ftd::v1::JobPhase& p);
-// "key: value" lines describing one job (its duration as of `now_unix_ms`).
+// "key: value" lines describing one job (its duration as of `now_unix_ms`); another user's job (its
+// public row) ends with a line saying who may see the rest.
 std::string JobText(const ftd::v1::Job& job, int64_t now_unix_ms);
 // One line per event: state changes, steps (step/total, loss, tokens/s, memory, ETA), logs, result.
 // The ETA uses `smoothed_step_time_s` when > 0 (see StepTimeEwma), else the step's own time.

@@ -77,6 +77,33 @@ TEST(Authz, OthersSeeOnlyThePublicColumns) {
   EXPECT_EQ(job.request_id(), "");
   EXPECT_EQ(job.owner(), "ana");
   EXPECT_EQ(job.id(), "j-000001");
+  EXPECT_TRUE(job.public_only());
+}
+
+TEST(Authz, OthersSeeWhyAQueuedJobWaitsButNotAFailuresMessage) {
+  const auto bob = Who("bob", ftd::v1::ROLE_USER);
+  auto waiting = JobOf("ana");
+  waiting.set_state(ftd::v1::QUEUED);
+  waiting.set_reason("WAITING_FOR_MEMORY");
+  waiting.set_message("it fits on no GPU now: predicted peak 40.0 GiB");
+  RedactForOthers(bob, &waiting);
+  EXPECT_EQ(waiting.message(), "it fits on no GPU now: predicted peak 40.0 GiB");
+  // a retry waiting out its backoff keeps the failure's code and text: the worker's words stay private
+  auto retrying = JobOf("ana");
+  retrying.set_state(ftd::v1::QUEUED);
+  retrying.set_reason("WORKER_EXIT");
+  RedactForOthers(bob, &retrying);
+  EXPECT_EQ(retrying.message(), "");
+  auto failed = JobOf("ana");
+  failed.set_state(ftd::v1::FAILED);
+  failed.set_reason("QUOTA");
+  RedactForOthers(bob, &failed);
+  EXPECT_EQ(failed.message(), "");
+  EXPECT_EQ(failed.reason(), "QUOTA");
+  // no name owns nothing, not even a job with no owner
+  auto unowned = JobOf("");
+  RedactForOthers(Who("", ftd::v1::ROLE_USER), &unowned);
+  EXPECT_FALSE(unowned.has_spec());
 }
 
 class AuthStoreTest : public ::testing::Test {

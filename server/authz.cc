@@ -1,5 +1,9 @@
 #include "server/authz.h"
 
+#include <algorithm>
+#include <array>
+#include <string_view>
+
 #include "absl/strings/str_cat.h"
 
 namespace ftd::server {
@@ -8,8 +12,21 @@ bool IsAdmin(const Identity& who) { return who.role() == ftd::v1::ROLE_ADMIN; }
 
 namespace {
 
+bool SeesAll(const Identity& who, const ftd::v1::Job& job) {
+  return IsAdmin(who) || (!who.user().empty() && who.user() == job.owner());
+}
+
+// The reasons a queued job's message only explains its wait (JobManager::AnnotateLocked): computed
+// from the queue, the scheduler and the quotas, never from the job's files. A job waiting out a retry's
+// backoff keeps its failure's reason code and message, which stay private.
+bool SaysOnlyWhyItWaits(const ftd::v1::Job& job) {
+  static constexpr std::array<std::string_view, 5> kWaits = {"WAITING_FOR_SLOT", "PAUSED", "QUOTA",
+                                                             "WAITING_FOR_GPUS", "WAITING_FOR_MEMORY"};
+  return job.state() == ftd::v1::QUEUED && std::find(kWaits.begin(), kWaits.end(), job.reason()) != kWaits.end();
+}
+
 absl::Status OwnerOrAdmin(const Identity& who, const ftd::v1::Job& job, const std::string& verb) {
-  if (IsAdmin(who) || (!who.user().empty() && who.user() == job.owner())) return absl::OkStatus();
+  if (SeesAll(who, job)) return absl::OkStatus();
   return absl::PermissionDeniedError(absl::StrCat("job ", job.id(), " belongs to ", job.owner(), ": only ", job.owner(),
                                                   " or an admin may ", verb, " it (you are ", who.user(), ")"));
 }
@@ -48,9 +65,10 @@ absl::Status MayAdminister(const Identity& who, const std::string& action) {
 }
 
 void RedactForOthers(const Identity& who, ftd::v1::Job* job) {
-  if (IsAdmin(who) || who.user() == job->owner()) return;
+  if (SeesAll(who, *job)) return;
+  job->set_public_only(true);
   job->clear_spec();
-  job->clear_message();
+  if (!SaysOnlyWhyItWaits(*job)) job->clear_message();
   job->clear_last_step();
   job->clear_result();
   job->clear_profile();

@@ -1,7 +1,7 @@
 // Who may do what (docs/security.md): one function per action, each called by the handler before any
 // work, with the caller's identity as the auth layer (server/auth.h) established it. No gRPC here.
 //
-//   list the queue                         anyone authenticated (other users' jobs without their spec)
+//   list the queue, get a job's public row anyone authenticated (other users' jobs without their spec)
 //   read a job (spec, events, trace)       its owner, admins
 //   change a job (cancel, delete, ...)     its owner, admins
 //   submit for another owner               admins
@@ -40,9 +40,12 @@ absl::Status MaySetPriority(const Identity& who, int priority, int cap);
 // Admin-only actions: "create tokens", "read the audit log", "pause the scheduler", ...
 absl::Status MayAdminister(const Identity& who, const std::string& action);
 
-// A job as someone other than its owner (and not an admin) sees it in a list: the public columns
-// (id, name, kind, owner, priority, state, reason, position, attempts, slot, times), without the spec,
-// the messages, the reports and the request id.
+// A job as someone other than its owner (and not an admin) sees it, in a list and in GetJob: the
+// public row (id, name, kind, owner, submitted_by, cancelled_by, priority, state, reason, position,
+// attempts, slot, worker pid, phase, predicted peak, times) with public_only set; a queued job's
+// message too while it only says why the job waits (queue, pause, quota, GPUs, memory). Withheld: the
+// spec, every other message (a worker's error may quote the job's files), the step report, the
+// result, the profile and the request id.
 void RedactForOthers(const Identity& who, ftd::v1::Job* job);
 
 }  // namespace ftd::server

@@ -88,7 +88,12 @@ grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* ctx, const ftd::v1::Get
     if (auto st = RequireId(req->id()); !st.ok()) return ToGrpc(st);
     auto r = m_->Get(req->id());
     if (!r.ok()) return ToGrpc(r.status());
-    if (auto st = MayReadJob(who, *r, "read the spec of"); !st.ok()) return ToGrpc(st);
+    // The job table is public: another user's job answers with the row ListJobs shows; the spec
+    // only to its owner and admins.
+    if (req->full()) {
+      if (auto st = MayReadJob(who, *r, "read the spec of"); !st.ok()) return ToGrpc(st);
+    }
+    RedactForOthers(who, &*r);
     *resp = std::move(*r);
     return grpc::Status::OK;
   });

@@ -101,11 +101,11 @@ def test_a_second_local_user_is_distinct_and_cannot_touch_others_jobs(shared):
     got = json.loads(ok(as_user(ALICE, d, "get", job, "-o", "json")))
     assert got["owner"] == ALICE and got["submitted_by"] == ALICE and got["spec"], got
 
-    # Bob sees the queue, not Alice's spec; he may not read, watch, cancel or download her job's trace.
+    # Bob sees the queue, not Alice's spec; he may not read its spec, watch, cancel or download her job's trace.
     listed = json.loads(ok(as_user(BOB, d, "list", "-o", "json")))
     mine = [j for j in (listed if isinstance(listed, list) else listed.get("jobs", [])) if j["id"] == job]
     assert mine and mine[0]["owner"] == ALICE and "spec" not in mine[0], listed
-    denied(as_user(BOB, d, "get", job), "PERMISSION_DENIED", f"belongs to {ALICE}", "you are ftdt-bob")
+    denied(as_user(BOB, d, "get", job, "--spec"), "PERMISSION_DENIED", f"belongs to {ALICE}", "you are ftdt-bob")
     denied(as_user(BOB, d, "cancel", job), "PERMISSION_DENIED", f"belongs to {ALICE}")
     denied(as_user(BOB, d, "watch", job), "PERMISSION_DENIED", f"belongs to {ALICE}")
     denied(as_user(BOB, d, "profile", job, "--trace", "/tmp/ftd-auth-trace-bob.json"), "PERMISSION_DENIED",
@@ -437,6 +437,45 @@ def test_audit_records_every_mutating_call_durably(tmp_path):
         text = ok(ftctl(d, "admin", "audit", "--user", "carol"))
         assert "CancelJob" in text and "PERMISSION_DENIED" in text and "SubmitJob" not in text
         assert oct((Path(d.data) / "auth.db").stat().st_mode & 0o777) == "0o600"
+    finally:
+        d.stop()
+
+
+def test_get_of_another_users_job_is_its_public_row_and_the_spec_is_the_owners(tmp_path, pki):
+    """Over TLS with two users' tokens: Bob's get of Alice's job is the row his list shows (no spec, no
+    path of hers) and says who may see the rest; the spec, log, profile and changes stay Alice's and
+    the admins'."""
+    cert, key = pki["server"]
+    d = Daemon(tmp_path, "--paused", "--tls-cert", str(cert), "--tls-key", str(key))
+    try:
+        secret_dir = tmp_path / "alice-private-ckpts"
+        alice = context_config(tmp_path, d, "alice", ca_file=pki["ca"], token_file=make_token(d, "alice"))
+        bob = context_config(tmp_path, d, "bob", ca_file=pki["ca"], token_file=make_token(d, "bob"))
+        job = ok(via_context(alice, "submit", "--default", "--kind", "profile", "--name", "alice-run",
+                             "--set", f"checkpoint.dir={json.dumps(str(secret_dir))}"))
+        assert str(secret_dir) in ok(via_context(alice, "get", job, "-o", "json"))
+
+        row = json.loads(ok(via_context(bob, "get", job, "-o", "json")))
+        assert row["owner"] == "alice" and row["name"] == "alice-run" and row["state"] == "QUEUED", row
+        assert row["public_only"] is True and "spec" not in row and row["request_id"] == "", row
+        assert row["queue_position"] == 1 and "the scheduler is paused" in row["message"], row
+        listed = [j for j in json.loads(ok(via_context(bob, "list", "-o", "json"))) if j["id"] == job]
+        assert listed == [row]
+        table = ok(via_context(bob, "get", job))
+        assert "alice-private" not in table and "visible to alice and admins only" in table, table
+
+        denied(via_context(bob, "get", job, "--spec"), "PERMISSION_DENIED", "belongs to alice", "you are bob")
+        for verb in (["logs"], ["profile"], ["resubmit"], ["cancel"], ["delete"], ["watch"]):
+            denied(via_context(bob, *verb, job), "PERMISSION_DENIED", "belongs to alice")
+
+        # the owner and an admin see everything; the spec comes back as a file submit takes
+        spec = json.loads(ok(via_context(alice, "get", job, "--spec")))
+        assert spec["checkpoint"]["dir"] == str(secret_dir), spec
+        full = json.loads(ok(ftctl(d, "get", job, "-o", "json")))
+        assert full["public_only"] is False and full["spec"]["checkpoint"]["dir"] == str(secret_dir), full
+        assert json.loads(ok(ftctl(d, "get", job, "--spec")))["checkpoint"]["dir"] == str(secret_dir)
+        ok(ftctl(d, "cancel", job))
+        ok(ftctl(d, "delete", job))
     finally:
         d.stop()
 
