@@ -4,6 +4,8 @@
 // interrupt.cc.
 #include "client/context.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -14,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
 
 namespace ftd::client {
@@ -196,8 +199,22 @@ absl::StatusOr<Config> LoadConfig(const std::string& wanted) {
   return cfg;
 }
 
+// ssh refuses a private key that group or others may read; a token file that loose gets a one-line
+// warning instead (docs/security.md): secret mounts (Kubernetes, Docker) are 0644 or 0444 unless
+// told otherwise, and refusing them would lock their users out.
+void WarnIfOpenToOthers(const std::string& path, const std::string& source) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || (st.st_mode & 077) == 0) return;
+  std::cerr << absl::StrFormat(
+                   "ftctl: warning: the token file %s (%s) is open to group or others (mode %04o): whoever reads it "
+                   "can act as you; chmod 600 %s",
+                   path, source, st.st_mode & 07777, path)
+            << std::endl;
+}
+
 // The token from `path`: its first line, surrounding blanks removed. The message never holds it.
 absl::StatusOr<std::string> ReadToken(const std::string& path, const std::string& source) {
+  WarnIfOpenToOthers(path, source);
   std::ifstream in(path);
   std::string line;
   if (!in || !std::getline(in, line)) {

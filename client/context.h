@@ -61,7 +61,8 @@ std::string ConfigPath();
 //                         "cert_file": "me.pem", "key_file": "me.key", "tls": true}}}
 // (relative files against the config file's folder). INVALID_ARGUMENT naming the file for one that
 // does not parse, one named by $FTCTL_CONFIG that cannot be read, an unknown context or key, and an
-// unreadable token file. The token is read here, from the context's token_file or $FTD_TOKEN_FILE.
+// unreadable token file. The token is read here, from the context's token_file or $FTD_TOKEN_FILE; a
+// token file that group or others may read gets a warning on stderr naming it and `chmod 600`.
 absl::StatusOr<ClientOptions> ResolveOptions(const GlobalFlags& flags);
 
 // What a command runs with: the resolved options and the client (which connects on its first call).

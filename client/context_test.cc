@@ -3,11 +3,17 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
 
 namespace ftd::client {
 namespace {
+
+namespace fs = std::filesystem;
 
 std::string Norm(const std::string& a) {
   auto r = NormalizeAddress(a);
@@ -123,6 +129,28 @@ TEST_F(ResolveTest, ContextsGiveAddressTlsAndTokenAndAreChosenByFlagThenEnvironm
   ASSERT_FALSE(o.ok());
   EXPECT_NE(o.status().message().find("context \"c\""), std::string::npos) << o.status().message();
   EXPECT_NE(o.status().message().find("a, b"), std::string::npos) << o.status().message();
+}
+
+TEST_F(ResolveTest, ATokenFileOthersMayReadIsWarnedAboutWithoutItsSecret) {
+  const fs::path token = dir_ / "token";
+  std::ofstream(token) << "ftd_0123456789ab_secret\n";
+  setenv("FTD_TOKEN_FILE", token.c_str(), 1);
+  for (const auto& [mode, warned] : {std::pair{0600, false}, {0400, false}, {0640, true}, {0644, true}, {0604, true}}) {
+    fs::permissions(token, static_cast<fs::perms>(mode));
+    ::testing::internal::CaptureStderr();
+    auto o = ResolveOptions({});
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    ASSERT_TRUE(o.ok()) << o.status();
+    EXPECT_EQ(o->token, "ftd_0123456789ab_secret");
+    if (!warned) {
+      EXPECT_EQ(err, "") << std::oct << mode;
+      continue;
+    }
+    EXPECT_NE(err.find(absl::StrCat("the token file ", token.string(), " ($FTD_TOKEN_FILE)")), std::string::npos) << err;
+    EXPECT_NE(err.find(absl::StrCat("chmod 600 ", token.string())), std::string::npos) << err;
+    EXPECT_EQ(err.find("secret"), std::string::npos) << err;
+    EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+  }
 }
 
 TEST_F(ResolveTest, AMissingConfigNamedExplicitlyOrAnUnreadableTokenIsAnError) {

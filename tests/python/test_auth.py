@@ -183,6 +183,20 @@ def test_tokens_unknown_revoked_expired_are_unauthenticated_a_good_one_works(pau
         assert f.read_text().strip().split("_")[2] not in log
 
 
+def test_a_token_file_others_may_read_is_used_with_a_warning_naming_it_and_chmod(paused):
+    token = make_token(paused, "carol")
+    secret = token.read_text().strip()
+    p = tcp(paused, "whoami", token=token)  # 0600
+    assert ok(p).startswith("carol (user)") and p.stderr == "", p.stderr
+    token.chmod(0o644)
+    p = tcp(paused, "whoami", token=token)
+    assert ok(p).startswith("carol (user)"), p.stderr
+    lines = p.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"ftctl: warning: the token file {token} ($FTD_TOKEN_FILE)"), lines
+    assert "mode 0644" in lines[0] and f"chmod 600 {token}" in lines[0], lines
+    assert secret not in p.stderr and secret.split("_")[2] not in p.stderr
+
+
 def test_offline_token_commands_work_with_the_daemon_stopped_and_running(tmp_path):
     data = tmp_path / "data"
 
