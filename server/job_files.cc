@@ -1,6 +1,5 @@
 #include "server/job_files.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -10,11 +9,11 @@
 #include <cstring>
 #include <cmath>
 #include <filesystem>
-#include <functional>
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "util/dir_tree.h"
 
 namespace ftd::server {
 namespace fs = std::filesystem;
@@ -35,31 +34,6 @@ absl::Status FileError(const std::string& what, const std::string& path) {
   return absl::InternalError(absl::StrCat("cannot ", what, " ", path, ": ", std::strerror(errno)));
 }
 
-// Calls `each` with the descriptor of the open directory `fd` (which it closes) and the name of each
-// of its entries but "." and "..", until one returns an error. `path` names the directory in errors.
-absl::Status ForEachEntry(int fd, const std::string& path,
-                          const std::function<absl::Status(int, const std::string&)>& each) {
-  DIR* d = ::fdopendir(fd);  // owns fd from here
-  if (d == nullptr) {
-    auto st = FileError("read", path);
-    ::close(fd);
-    return st;
-  }
-  absl::Status st;
-  while (st.ok()) {
-    errno = 0;
-    const dirent* e = ::readdir(d);
-    if (e == nullptr) {
-      if (errno != 0) st = FileError("read", path);
-      break;
-    }
-    const std::string name = e->d_name;
-    if (name != "." && name != "..") st = each(::dirfd(d), name);
-  }
-  ::closedir(d);
-  return st;
-}
-
 // ChownTree beneath the open directory `fd` (which it closes); `path` names it in errors.
 absl::Status ChownBeneath(int fd, const std::string& path, uid_t uid, gid_t gid) {
   auto error = [&](const std::string& what) {
@@ -71,7 +45,7 @@ absl::Status ChownBeneath(int fd, const std::string& path, uid_t uid, gid_t gid)
     ::close(fd);
     return st;
   }
-  return ForEachEntry(fd, path, [&](int dir, const std::string& name) {
+  return util::ForEachEntry(fd, path, [&](int dir, const std::string& name) {
     const std::string sub = path + "/" + name;
     const int child = ::openat(dir, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (child >= 0) return ChownBeneath(child, sub, uid, gid);
@@ -82,34 +56,6 @@ absl::Status ChownBeneath(int fd, const std::string& path, uid_t uid, gid_t gid)
     }
     return absl::OkStatus();
   });
-}
-
-// Removes everything beneath the open directory `fd` (which it closes), adding the regular files'
-// bytes to *bytes. Each entry is looked at and removed relative to its parent's descriptor: a
-// directory is opened with O_NOFOLLOW, anything else (a link included) is unlinked itself, so a link
-// planted or swapped in is removed and never followed. `path` names the directory in errors.
-absl::Status RemoveEntry(int dir, const std::string& name, const std::string& sub, int64_t* bytes);
-
-absl::Status RemoveBeneath(int fd, const std::string& path, int64_t* bytes) {
-  return ForEachEntry(fd, path, [&](int dir, const std::string& name) {
-    return RemoveEntry(dir, name, path + "/" + name, bytes);
-  });
-}
-
-// Removes the entry `name` of the open directory `dir` (`sub` in errors), as RemoveBeneath does.
-absl::Status RemoveEntry(int dir, const std::string& name, const std::string& sub, int64_t* bytes) {
-  const int child = ::openat(dir, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (child >= 0) {
-    if (auto st = RemoveBeneath(child, sub, bytes); !st.ok()) return st;
-    if (::unlinkat(dir, name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT) return FileError("remove", sub);
-  } else if (errno == ENOTDIR || errno == ELOOP) {
-    struct stat s {};
-    if (::fstatat(dir, name.c_str(), &s, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(s.st_mode)) *bytes += s.st_size;
-    if (::unlinkat(dir, name.c_str(), 0) != 0 && errno != ENOENT) return FileError("remove", sub);
-  } else if (errno != ENOENT) {
-    return FileError("remove", sub);
-  }
-  return absl::OkStatus();
 }
 
 // Copies the regular file open as `in` to `name` beneath `to_fd`.
@@ -141,7 +87,7 @@ absl::Status CopyFile(int in, const struct stat& s, int to_fd, const std::string
 // Every source is opened with O_NOFOLLOW beneath its parent's descriptor; links (and anything that
 // is neither a directory nor a regular file) are skipped, so no byte from outside the tree is copied.
 absl::Status LinkOrCopyBeneath(int from_fd, const std::string& from, int to_fd, const std::string& to) {
-  auto st = ForEachEntry(from_fd, from, [&](int dir, const std::string& name) {
+  auto st = util::ForEachEntry(from_fd, from, [&](int dir, const std::string& name) {
     const std::string src = from + "/" + name, dst = to + "/" + name;
     const int in = ::openat(dir, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (in < 0) return errno == ELOOP || errno == ENOENT ? absl::OkStatus() : FileError("read", src);  // ELOOP: a link
@@ -191,22 +137,6 @@ int64_t TreeBytes(const std::string& path) {
   return total;
 }
 
-absl::StatusOr<int64_t> RemoveTree(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) return 0;
-    if (errno != ENOTDIR && errno != ELOOP) return FileError("remove", path);
-    struct stat st {};  // a file, or a link: removed itself
-    const int64_t bytes = ::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) ? st.st_size : 0;
-    if (::unlink(path.c_str()) != 0 && errno != ENOENT) return FileError("remove", path);
-    return bytes;
-  }
-  int64_t bytes = 0;
-  if (auto st = RemoveBeneath(fd, path, &bytes); !st.ok()) return st;
-  if (::rmdir(path.c_str()) != 0 && errno != ENOENT) return FileError("remove", path);
-  return bytes;
-}
-
 int OpenDirBeneath(const std::string& base, const std::string& rel) {
   int fd = ::open(base.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   for (const auto& part : fs::path(rel)) {
@@ -232,7 +162,7 @@ std::optional<std::string> NewestCheckpoint(const std::string& dir, const std::s
   if (fd < 0) return std::nullopt;
   int64_t best = -1;
   std::string name;
-  (void)ForEachEntry(fd, dir, [&](int d, const std::string& entry) {
+  (void)util::ForEachEntry(fd, dir, [&](int d, const std::string& entry) {
     const int64_t n = StepOf(entry, "");
     if (n <= best) return absl::OkStatus();
     const int step = ::openat(d, entry.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
@@ -274,10 +204,10 @@ int64_t RemovePartialCheckpoints(const std::string& dir, const std::string& rel)
   if (fd < 0) return 0;
   const std::string path = rel.empty() ? dir : (fs::path(dir) / rel).string();
   int64_t freed = 0;
-  (void)ForEachEntry(fd, path, [&](int d, const std::string& name) {
+  (void)util::ForEachEntry(fd, path, [&](int d, const std::string& name) {
     if (StepOf(name, ".tmp") < 0) return absl::OkStatus();
     int64_t bytes = 0;
-    if (RemoveEntry(d, name, path + "/" + name, &bytes).ok()) freed += bytes;
+    if (util::RemoveEntryAt(d, name, path + "/" + name, &bytes).ok()) freed += bytes;
     return absl::OkStatus();
   });
   return freed;

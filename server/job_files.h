@@ -13,16 +13,16 @@
 #include "absl/status/statusor.h"
 #include "ftd/v1/job_spec.pb.h"
 #include "ftd/v1/worker.pb.h"
+#include "util/dir_tree.h"
 
 namespace ftd::server {
 
 // The bytes of the regular files under `path` (0 when it does not exist).
 int64_t TreeBytes(const std::string& path);
 
-// Removes `path` and everything under it; returns the bytes freed. A missing path frees 0. The tree
-// may belong to a worker's user, who could plant or swap in links: it is walked beneath opened
-// directory descriptors (O_NOFOLLOW, unlinkat), so a link is removed itself, never followed.
-absl::StatusOr<int64_t> RemoveTree(const std::string& path);
+// Removes `path` and everything under it, never following a link beneath it (util/dir_tree.h);
+// returns the bytes freed.
+using ::ftd::util::RemoveTree;
 
 // The directory `rel` ("jobs/j-000001/checkpoints") beneath the directory `base`: `base` is opened
 // as given (the admin's path), each component of `rel` beneath the one before it with O_NOFOLLOW, so

@@ -5,7 +5,9 @@
 // CACHE_DIR/KEY/ holds ids.u32 (little-endian uint32), loss.u8 (one byte per id), docs.u64
 // (little-endian uint64 document offsets, first 0, last the number of ids) and meta.json (counts
 // and the skipped lines). A directory is written as KEY.tmp-PID, synced, and renamed into place,
-// so a reader sees a whole entry or none.
+// so a reader sees a whole entry or none. Every step works beneath the cache directory's opened
+// descriptor and never follows a link (util/dir_tree.h). A cache directory writable by every user is
+// not used, nor a default one that belongs to another uid: its entries could be anyone's.
 #pragma once
 
 #include <string>
@@ -31,7 +33,8 @@ struct Prepared {
   std::string cache_error;  // why the entry could not be written (the corpus is still returned)
 };
 
-// $FTD_DATA_CACHE, else $HOME/.cache/ftd/data, else /tmp/ftd-data-cache.
+// $FTD_DATA_CACHE, else $HOME/.cache/ftd/data, else /tmp/ftd-data-cache-UID (used only while it
+// belongs to this uid).
 std::string DefaultCacheDir();
 
 // The cache key of a request (hex SHA-256); reads the files it names.

@@ -227,6 +227,21 @@ absl::StatusOr<MappedFile> MappedFile::Open(const std::string& path) {
     const std::string msg = OpenError("", "cannot open", path, e, /*write=*/false);
     return e == ENOENT ? absl::NotFoundError(msg) : absl::PermissionDeniedError(msg);
   }
+  return Map(fd, path);
+}
+
+absl::StatusOr<MappedFile> MappedFile::OpenAt(int dir, const std::string& name, const std::string& path) {
+  const int fd = ::openat(dir, name.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY | O_NOFOLLOW);
+  if (fd < 0) {
+    const int e = errno;
+    const std::string msg = absl::StrCat("cannot open ", path, ": ",
+                                         e == ELOOP ? "it is a symbolic link" : std::strerror(e));
+    return e == ENOENT ? absl::NotFoundError(msg) : absl::PermissionDeniedError(msg);
+  }
+  return Map(fd, path);
+}
+
+absl::StatusOr<MappedFile> MappedFile::Map(int fd, const std::string& path) {
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);

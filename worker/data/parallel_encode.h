@@ -84,6 +84,9 @@ std::string DescribeBadLines(const std::vector<BadLine>& bad, std::string_view s
 class MappedFile {
  public:
   static absl::StatusOr<MappedFile> Open(const std::string& path);
+  // The file `name` of the open directory `dir`, never through a link (O_NOFOLLOW); `path` names it
+  // in errors. NOT_FOUND when it does not exist.
+  static absl::StatusOr<MappedFile> OpenAt(int dir, const std::string& name, const std::string& path);
   MappedFile(MappedFile&& o) noexcept;
   MappedFile& operator=(MappedFile&&) = delete;
   ~MappedFile();
@@ -91,6 +94,7 @@ class MappedFile {
 
  private:
   MappedFile(void* data, size_t size) : data_(data), size_(size) {}
+  static absl::StatusOr<MappedFile> Map(int fd, const std::string& path);  // takes fd
   void* data_;
   size_t size_;
 };
