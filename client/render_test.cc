@@ -134,6 +134,17 @@ TEST(Render, GetShowsACheckpointWriteWithItsPredictedEnd) {
   EXPECT_NE(JobText(j, 0).find("12.0 GiB of 48.0 GiB, about 26s left\n"), std::string::npos) << JobText(j, 0);
 }
 
+TEST(Render, GetOfAnotherUsersJobSaysWhoSeesTheRest) {
+  ftd::v1::Job j;
+  j.set_owner("alice");
+  EXPECT_EQ(JobText(j, 0).find("private:"), std::string::npos);
+  j.set_public_only(true);
+  EXPECT_NE(JobText(j, 0).find("private:        the spec, messages, logs, trace and profile are visible to alice and "
+                               "admins only\n"),
+            std::string::npos)
+      << JobText(j, 0);
+}
+
 TEST(Render, TableColumnsLineUp) {
   ftd::v1::Job a, b;
   a.set_id("j-000001");

@@ -485,6 +485,8 @@ def test_get_of_another_users_job_is_its_public_row_and_the_spec_is_the_owners(t
         # the owner and an admin see everything; the spec comes back as a file submit takes
         spec = json.loads(ok(via_context(alice, "get", job, "--spec")))
         assert spec["checkpoint"]["dir"] == str(secret_dir), spec
+        (tmp_path / "again.json").write_text(json.dumps(spec))
+        ok(via_context(alice, "submit", str(tmp_path / "again.json"), "--dry-run"))
         full = json.loads(ok(ftctl(d, "get", job, "-o", "json")))
         assert full["public_only"] is False and full["spec"]["checkpoint"]["dir"] == str(secret_dir), full
         assert json.loads(ok(ftctl(d, "get", job, "--spec")))["checkpoint"]["dir"] == str(secret_dir)
