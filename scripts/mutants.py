@@ -11,10 +11,11 @@ runs the tests that must catch it. A mutant the tests let through is a missing t
 Each mutant is a one-line patch: a file, its exact line (indentation included; it must occur once)
 and the line that replaces it. The copy is a detached git worktree beside the checkout
 (`<parent>/.mutants-<checkout name>`, or $FTD_MUTANTS_DIR), synced with the checkout's working tree
-(uncommitted and untracked files included) and configured as /work/bin/wt-new configures a build,
-so that ccache (base_dir above both) serves the unchanged objects; each mutant rebuilds only the file
-it patched and what links it. Builds take $FTD_BUILD_LOCK (default /work/.build.lock where /work
-exists), so that they queue behind other builds on a shared machine. Exit status: 0 every mutant
+(uncommitted and untracked files included) and configured like the checkout's own build (Ninja,
+Release, ccache launchers, the same LibTorch and Python), so that ccache (base_dir above both) serves
+the unchanged objects; each mutant rebuilds only the file it patched and what links it. With
+$FTD_BUILD_LOCK set to a file, builds take that lock (flock), so that they queue behind other builds
+on a shared machine. Exit status: 0 every mutant
 caught, 1 one survived, 2 a mutant could not be tried (its line moved, the build failed, a test
 name is wrong, or with --baseline a test fails unmutated).
 """
@@ -194,7 +195,7 @@ class Scratch:
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 dst.write_bytes(data)
                 os.chmod(dst, (ROOT / f).stat().st_mode & 0o777)
-        for link in (".venv", ".devdeps"):  # the shared environment, as wt-new links it
+        for link in (".venv", ".devdeps"):  # the checkout's environment, shared
             if (ROOT / link).exists() and not (self.path / link).exists():
                 (self.path / link).symlink_to((ROOT / link).resolve())
         if not (self.build / "CMakeCache.txt").exists():
@@ -209,7 +210,7 @@ class Scratch:
 
     def ninja(self, targets):
         cmd = ["nice", "ninja", "-C", str(self.build), f"-j{os.cpu_count() or 2}", *targets]
-        lock = os.environ.get("FTD_BUILD_LOCK", "/work/.build.lock" if Path("/work").is_dir() else "")
+        lock = os.environ.get("FTD_BUILD_LOCK", "")
         if lock:
             cmd = ["flock", lock, *cmd]
         return sh(cmd, check=False)

@@ -209,7 +209,11 @@ std::string Untrusted(int fd, const std::string& dir, bool default_location) {
 
 std::string DefaultCacheDir() {
   if (const char* d = std::getenv("FTD_DATA_CACHE"); d != nullptr && *d != '\0') return d;
-  if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0') return absl::StrCat(h, "/.cache/ftd/data");
+  // A service user's HOME may name no directory (/nonexistent): its own directory in /tmp then.
+  struct stat st {};
+  if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0' && ::stat(h, &st) == 0 && S_ISDIR(st.st_mode)) {
+    return absl::StrCat(h, "/.cache/ftd/data");
+  }
   return absl::StrCat("/tmp/ftd-data-cache-", ::geteuid());
 }
 

@@ -33,8 +33,8 @@ struct Prepared {
   std::string cache_error;  // why the entry could not be written (the corpus is still returned)
 };
 
-// $FTD_DATA_CACHE, else $HOME/.cache/ftd/data, else /tmp/ftd-data-cache-UID (used only while it
-// belongs to this uid).
+// $FTD_DATA_CACHE, else $HOME/.cache/ftd/data where HOME is a directory, else
+// /tmp/ftd-data-cache-UID (used only while it belongs to this uid).
 std::string DefaultCacheDir();
 
 // The cache key of a request (hex SHA-256); reads the files it names.

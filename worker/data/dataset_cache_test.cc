@@ -145,13 +145,19 @@ TEST_F(PrepareTest, ACacheDirectoryEveryoneMayWriteToIsNotUsed) {
   EXPECT_EQ(again->corpus.ids, first->corpus.ids) << "the job still gets its data";
 }
 
-TEST(DefaultCacheDirTest, WithoutAHomeItIsTheWorkersOwnDirectory) {
+TEST(DefaultCacheDirTest, WithoutAHomeDirectoryItIsTheWorkersOwnDirectory) {
   const char* home = std::getenv("HOME");
   const std::string saved = home != nullptr ? home : "";
   ::unsetenv("FTD_DATA_CACHE");
   ::unsetenv("HOME");
   EXPECT_EQ(DefaultCacheDir(), "/tmp/ftd-data-cache-" + std::to_string(::geteuid()));
-  if (home != nullptr) ::setenv("HOME", saved.c_str(), 1);
+  ::setenv("HOME", "/nonexistent", 1);  // a service user's
+  EXPECT_EQ(DefaultCacheDir(), "/tmp/ftd-data-cache-" + std::to_string(::geteuid()));
+  if (home != nullptr) {
+    ::setenv("HOME", saved.c_str(), 1);
+  } else {
+    ::unsetenv("HOME");
+  }
   EXPECT_EQ(DefaultCacheDir(), saved.empty() ? DefaultCacheDir() : saved + "/.cache/ftd/data");
 }
 
