@@ -1,6 +1,7 @@
 """The layers, checked on the build graph itself (docs/architecture.md):
 
-    client -> spec <- server,  worker -> spec,  worker -> kernels,  everything -> proto
+    client -> spec <- server,  worker -> spec,  worker -> kernels,  server and worker -> util,
+    everything -> proto
 
 ftctl and ftd link nothing from the engine (ftd_engine_core, ftd_engine, ftd_kernels, LibTorch): read
 from the link command ninja runs. No translation unit includes a header from a layer above it or
@@ -45,6 +46,7 @@ FORBIDDEN = {
     "ftd_kernels": {WORKER, SERVER, CLIENT, SPEC, TORCH},
     "ftd_tokenizer": {SERVER, CLIENT, KERNELS, SPEC, TORCH, PROTO_GEN},
     "ftd_tokenize_cli": {SERVER, CLIENT, KERNELS, SPEC, TORCH, PROTO_GEN},
+    "ftd_dir_tree": {WORKER, SERVER, CLIENT, KERNELS, SPEC, TORCH, PROTO_GEN},
 }
 OPTIONAL = {"ftd_kernels"}  # built only where nvcc is present
 

@@ -13,29 +13,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "util/unique_fd.h"
 
 namespace ftd::data {
 namespace {
 
 std::string Prefix(std::string_view what) { return what.empty() ? std::string() : std::string(what) + ": "; }
-
-// Closes the descriptor it holds.
-class Closer {
- public:
-  Closer() = default;
-  explicit Closer(int fd) : fd_(fd) {}
-  ~Closer() { Reset(-1); }
-  Closer(const Closer&) = delete;
-  Closer& operator=(const Closer&) = delete;
-  void Reset(int fd) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = fd;
-  }
-  int get() const { return fd_; }
-
- private:
-  int fd_ = -1;
-};
 
 struct Root {
   std::string path;
@@ -56,7 +39,7 @@ int OpenWalk(int dirfd, const std::string& rel, int flags, mode_t mode) {
   const std::vector<std::string> parts = absl::StrSplit(rel, '/', absl::SkipEmpty());
   if (parts.empty()) return ::openat(dirfd, ".", flags | O_NOFOLLOW, mode);
   int cur = dirfd;
-  Closer hold;
+  util::Fd hold;
   for (size_t i = 0; i < parts.size(); ++i) {
     if (parts[i] == "..") {
       errno = EXDEV;
@@ -72,7 +55,7 @@ int OpenWalk(int dirfd, const std::string& rel, int flags, mode_t mode) {
       }
       return -1;
     }
-    hold.Reset(next);
+    hold.reset(next);
     cur = next;
   }
   return -1;
@@ -171,7 +154,7 @@ absl::Status EnsureDirectory(const std::string& dir, std::string_view what) {
   const Root* r = RootOf(dir, /*write=*/true);
   if (r == nullptr) return absl::PermissionDeniedError(OpenError(what, "create", dir, EPERM, true));
   // One component at a time beneath the last: each made if missing, none a way out.
-  Closer cur(::fcntl(r->fd, F_DUPFD_CLOEXEC, 0));
+  util::Fd cur(::fcntl(r->fd, F_DUPFD_CLOEXEC, 0));
   const std::vector<std::string> parts = absl::StrSplit(RelativeTo(dir, r->path), '/', absl::SkipEmpty());
   for (const std::string& part : parts) {
     if (part == ".") continue;
@@ -186,7 +169,7 @@ absl::Status EnsureDirectory(const std::string& dir, std::string_view what) {
       const int e = errno == ENOTDIR ? ELOOP : errno;
       return absl::PermissionDeniedError(OpenError(what, "create", dir, e, true));
     }
-    cur.Reset(next);
+    cur.reset(next);
   }
   return absl::OkStatus();
 }

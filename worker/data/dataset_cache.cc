@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
 #include "util/dir_tree.h"
+#include "util/unique_fd.h"
 #include "worker/data/confined_open.h"
 
 namespace ftd::data {
@@ -25,20 +26,7 @@ using json = nlohmann::json;
 // Bumped whenever the tokenized result of the same inputs changes (rendering, masking, layout).
 constexpr int kCacheVersion = 1;
 
-// A descriptor that closes itself.
-class Fd {
- public:
-  explicit Fd(int fd = -1) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
+using util::Fd;
 
 absl::Status Errno(const char* what, const std::string& path) {
   return absl::InternalError(absl::StrCat("cannot ", what, " ", path, ": ", std::strerror(errno)));

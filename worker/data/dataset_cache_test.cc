@@ -148,7 +148,11 @@ TEST_F(PrepareTest, ACacheDirectoryEveryoneMayWriteToIsNotUsed) {
 TEST(DefaultCacheDirTest, WithoutAHomeDirectoryItIsTheWorkersOwnDirectory) {
   const char* home = std::getenv("HOME");
   const std::string saved = home != nullptr ? home : "";
+  char tmpl[] = "/tmp/ftd-home-test-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
   ::unsetenv("FTD_DATA_CACHE");
+  ::setenv("HOME", tmpl, 1);
+  EXPECT_EQ(DefaultCacheDir(), std::string(tmpl) + "/.cache/ftd/data");
   ::unsetenv("HOME");
   EXPECT_EQ(DefaultCacheDir(), "/tmp/ftd-data-cache-" + std::to_string(::geteuid()));
   ::setenv("HOME", "/nonexistent", 1);  // a service user's
@@ -158,7 +162,7 @@ TEST(DefaultCacheDirTest, WithoutAHomeDirectoryItIsTheWorkersOwnDirectory) {
   } else {
     ::unsetenv("HOME");
   }
-  EXPECT_EQ(DefaultCacheDir(), saved.empty() ? DefaultCacheDir() : saved + "/.cache/ftd/data");
+  ::rmdir(tmpl);
 }
 
 }  // namespace

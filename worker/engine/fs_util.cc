@@ -36,18 +36,6 @@ void ForceOpenWalkForTesting(bool force) { data::ForceOpenWalkForTesting(force);
 
 absl::Status EnsureDirectory(const std::string& dir, std::string_view what) { return data::EnsureDirectory(dir, what); }
 
-Fd::~Fd() {
-  if (fd_ >= 0) ::close(fd_);
-}
-
-Fd& Fd::operator=(Fd&& o) noexcept {
-  if (this != &o) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = o.release();
-  }
-  return *this;
-}
-
 absl::StatusOr<Fd> OpenRegularFile(const std::string& path, std::string_view what) {
   Fd fd(OpenConfined(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY, 0, /*write=*/false));
   if (fd.get() < 0) {

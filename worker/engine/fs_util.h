@@ -9,29 +9,12 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "util/unique_fd.h"
 
 namespace ftd::engine {
 
 // An owned file descriptor (closed on destruction).
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd();
-  Fd(Fd&& o) noexcept : fd_(o.release()) {}
-  Fd& operator=(Fd&& o) noexcept;
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-  int release() {
-    const int fd = fd_;
-    fd_ = -1;
-    return fd;
-  }
-
- private:
-  int fd_ = -1;
-};
+using Fd = ::ftd::util::Fd;
 
 // Confinement: once set, every open below (OpenRegularFile, ReadRegularFile, EnsureDirectory) of an
 // absolute path happens beneath the root directory that holds it, through that root's descriptor
