@@ -34,6 +34,7 @@ build (another commit's ftd-worker), so two versions of ftd are compared in one 
 same machine; --repeat alternates them to spread drift evenly.
 """
 import json
+import os
 import statistics
 import subprocess
 import tempfile

@@ -41,6 +41,7 @@
 # DATA_ARGS (bench/data_bench.py flags), CKPT_ARGS (bench/ckpt_bench.py flags),
 # KBENCH_ARGS (ftd-kernel-bench flags),
 # CUDA_ARCHS (default "90;100;103": the H100/H200 and the B200/GB300 in one binary).
+# A stage whose command fails makes the script exit 1 (the stages after it still run).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -100,29 +101,36 @@ for stage in "${stages[@]}"; do
     e2e)
       stamp "end-to-end training benchmark"
       python3 bench/train_bench.py --worker "$build/worker/ftd-worker" --out "$out" ${BENCH_ARGS:-} 2>&1 \
-        | tee "$out/train_bench.log" | grep -v "^{" ;;
+        | tee "$out/train_bench.log" | grep -v "^{"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
     lora)
       stamp "LoRA benchmark: ftd eager, ftd fused, HF + PEFT; measured vs predicted peak memory"
       python3 bench/lora_bench.py --worker "$build/worker/ftd-worker" --out "$out" \
         --impls eager,fused,fused-lora-eager,fused+ac=selective+fcl=16,fused+ac=selective+fcl=18,hf ${LORA_ARGS:-} 2>&1 \
-        | tee "$out/lora_bench.log" | grep -v "^{" ;;
+        | tee "$out/lora_bench.log" | grep -v "^{"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
     data)
       stamp "chat JSONL benchmark: ftd packed, ftd padded, HF + its data collator"
       python3 bench/data_bench.py --worker "$build/worker/ftd-worker" --out "$out/data" ${DATA_ARGS:-} 2>&1 \
-        | tee "$out/data_bench.log" | grep -v "^{" ;;
+        | tee "$out/data_bench.log" | grep -v "^{"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
     service)
       stamp "through ftd and ftctl vs standalone"
-      python3 bench/service_bench.py --build "$build" --out "$out" ${SERVICE_ARGS:-} 2>&1 | tee "$out/service_bench.log" ;;
+      python3 bench/service_bench.py --build "$build" --out "$out" ${SERVICE_ARGS:-} 2>&1 | tee "$out/service_bench.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
     profile)
       stamp "profiles"
-      python3 bench/profile_bench.py --build "$build" --out "$out" ${PROFILE_ARGS:-} 2>&1 | tee "$out/profile_bench.log" ;;
+      python3 bench/profile_bench.py --build "$build" --out "$out" ${PROFILE_ARGS:-} 2>&1 | tee "$out/profile_bench.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
     ckpt)
       stamp "8B checkpoint write/load and cancel latency"
       python3 bench/ckpt_bench.py --worker "$build/worker/ftd-worker" --out "$out/ckpt" --ckpt-root "${CKPT_ROOT:-/tmp}" \
-        ${CKPT_ARGS:-} 2>&1 | tee "$out/ckpt_bench.log" | grep -v "^{" || rc=1 ;;
+        ${CKPT_ARGS:-} 2>&1 | tee "$out/ckpt_bench.log" | grep -v "^{"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
     pack)
       stamp "two 8B LoRA jobs on one GPU through ftd, against one alone"
-      python3 bench/pack_bench.py --build "$build" --out "$out" ${PACK_ARGS:-} 2>&1 | tee "$out/pack_bench.log" ;;
+      python3 bench/pack_bench.py --build "$build" --out "$out" ${PACK_ARGS:-} 2>&1 | tee "$out/pack_bench.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
     dist)
       # Needs a host with 2+ GPUs (nvidia-h100-x2 / nvidia-h200-x2); about 5 minutes after the build (estimated).
       if [ "$ngpus" -lt 2 ]; then echo "gpu.sh: the dist stage needs 2+ GPUs; this host has $ngpus"; rc=1; continue; fi
@@ -164,17 +172,20 @@ for stage in "${stages[@]}"; do
       stamp "base built"
       python3 bench/train_bench.py --worker "$build/worker/ftd-worker" --base-worker "$base_build/worker/ftd-worker" \
         --out "$out/ab" --impls fused,fused@base ${AB_ARGS:---shapes 4x2048 --repeat 3} 2>&1 \
-        | tee "$out/ab_bench.log" | grep -v "^{" ;;
+        | tee "$out/ab_bench.log" | grep -v "^{"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
     perf)
       stamp "performance table: ftd fused and its memory options, short context"
       python3 bench/train_bench.py --worker "$build/worker/ftd-worker" --out "$out/perf" \
         --shapes 1x512,4x2048,8x2048,16x2048 --impls fused,fused+es,fused+ac=selective,fused+ac=full ${PERF_ARGS:-} 2>&1 \
-        | tee "$out/perf_bench.log" | grep -v "^{" ;;
+        | tee "$out/perf_bench.log" | grep -v "^{"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
     perf-long)
       stamp "performance table: long context"
       python3 bench/train_bench.py --worker "$build/worker/ftd-worker" --out "$out/perf-long" \
         --shapes 1x8192,2x8192,1x32768 --impls fused,fused+ac=selective,fused+ac=full --steps 8 ${PERF_ARGS:-} 2>&1 \
-        | tee "$out/perf_long_bench.log" | grep -v "^{" ;;
+        | tee "$out/perf_long_bench.log" | grep -v "^{"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
     perf-peers)
       # Each peer at the largest shape that runs, with HF gradient checkpointing where it is not expected
       # to fit without it or ran out of memory (the table's impl then ends in +gc); a run past 150 s, or
@@ -182,11 +193,13 @@ for stage in "${stages[@]}"; do
       stamp "performance table: HF peers (eager, torch.compile, Liger-Kernel), each at its largest shape"
       python3 bench/train_bench.py --worker "$build/worker/ftd-worker" --out "$out/perf-peers" \
         --shapes 8x2048,4x2048 --impls hf,hf-compile,hf-liger --largest --steps 6 --warmup 2 --run-timeout 150 --budget-s 420 \
-        ${PEERS_ARGS:-} 2>&1 | tee "$out/perf_peers_bench.log" | grep -v "^{" ;;
+        ${PEERS_ARGS:-} 2>&1 | tee "$out/perf_peers_bench.log" | grep -v "^{"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
     breakdown)
       stamp "one step's device time by category from PROFILE jobs (fused set, 4x2048 and 1x512)"
       python3 bench/profile_breakdown.py --build "$build" --out "$out/breakdown" ${BREAKDOWN_ARGS:-} 2>&1 \
-        | tee "$out/breakdown.log" ;;
+        | tee "$out/breakdown.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
     roofline)
       # The measured steps: the perf and perf-long stages' tables when they ran before in this $out,
       # else a short fused run at 1x512 and 4x2048.
@@ -198,18 +211,21 @@ for stage in "${stages[@]}"; do
           --impls fused --steps 8 --warmup 3 > "$out/roofline_bench.log" 2>&1 || rc=1
         benches=(--bench "$out/roofline/train_bench.json")
       fi
-      python3 bench/roofline.py "${benches[@]}" --out "$out/roofline.json" 2>&1 | tee "$out/roofline.log" ;;
+      python3 bench/roofline.py "${benches[@]}" --out "$out/roofline.json" 2>&1 | tee "$out/roofline.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
     perf-levers)
       stamp "performance levers one by one"
       python3 bench/train_bench.py --worker "$build/worker/ftd-worker" --out "$out/perf-levers" \
         --shapes 1x512,4x2048 --impls fused,fused+fp,fused+fp+nc,fused+fp+ov,fused+fp+cg,fused+fp+ac=selective,fused+fp+ov+ac=selective \
         ${PERF_ARGS:-} 2>&1 \
-        | tee "$out/perf_levers_bench.log" | grep -v "^{" ;;
+        | tee "$out/perf_levers_bench.log" | grep -v "^{"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
     fp8)
       stamp "fp8 kernel set: ftd fp8 vs ftd fused (bf16) vs HF + torchao float8"
       python3 bench/train_bench.py --worker "$build/worker/ftd-worker" --out "$out/fp8" \
         --shapes 4x2048,8x2048,2x8192 --impls fused,fp8,hf-float8 --steps 10 --warmup 3 --baseline ftd-fused \
-        ${FP8_ARGS:-} 2>&1 | tee "$out/fp8_bench.log" | grep -v "^{" ;;
+        ${FP8_ARGS:-} 2>&1 | tee "$out/fp8_bench.log" | grep -v "^{"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
     fp8-curve)
       stamp "fp8 kernel set: 300-step loss curve against bf16 fused, and resume"
       FTD_BUILD_DIR="$build" FTD_TEST_NO_SKIP=1 python3 -m pytest -q -s -rs -p no:cacheprovider \
@@ -220,10 +236,12 @@ for stage in "${stages[@]}"; do
       python3 bench/lora_bench.py --worker "$build/worker/ftd-worker" --out "$out/lora-ac" --shapes 4x2048 \
         --impls fused,fused+ac=selective,fused+ac=full,fused+ac=selective+fcl=16,fused+ac=selective+fcl=18,hf \
         --mem-shapes "" ${LORA_ARGS:-} 2>&1 \
-        | tee "$out/lora_ac_bench.log" | grep -v "^{" ;;
+        | tee "$out/lora_ac_bench.log" | grep -v "^{"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
     default)
       "$build/worker/ftd-worker" run --default --format text --set steps=${DEFAULT_STEPS:-10} 2>&1 \
-        | tee "$out/default-job.log" | tail -4 ;;
+        | tee "$out/default-job.log" | tail -4
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
     *) echo "gpu.sh: unknown stage $stage (build test kbench e2e lora data service profile ckpt pack dist dist-levers ab fp8 fp8-curve perf perf-long perf-peers perf-levers lora-ac breakdown roofline default)"; exit 2 ;;
   esac
 done
