@@ -39,6 +39,10 @@ def main():
     add_run_args(ap, lr=1e-5)
     ap.add_argument("--variant", choices=["eager", "compile", "liger", "float8"], default="eager")
     ap.add_argument("--grad-ckpt", action="store_true", help="HF gradient checkpointing (non-reentrant)")
+    ap.add_argument("--profile-trace", metavar="PATH",
+                    help="record the last --profile-steps steps with torch.profiler (CPU ops and CUDA kernels) and "
+                         "write their Chrome trace to PATH (.json or .json.gz), for bench/profile_breakdown.py --trace")
+    ap.add_argument("--profile-steps", type=int, default=2)
     ap.add_argument("--phase-times", action="store_true",
                     help="print each step's phase GPU times, as ftd-worker run --phase-times does")
     args = ap.parse_args()
@@ -77,8 +81,14 @@ def main():
     windows = token_windows(args.tokens, args.seq)
     ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
     steps = out["steps"]
+    prof = None
     try:
         for s in range(args.steps):
+            if args.profile_trace and s == max(0, args.steps - args.profile_steps):
+                torch.cuda.synchronize()
+                prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                          torch.profiler.ProfilerActivity.CUDA])
+                prof.start()
             torch.cuda.reset_peak_memory_stats()
             t0 = time.perf_counter()
             batch = windows[s * args.batch:(s + 1) * args.batch].cuda(non_blocking=True)
@@ -104,6 +114,11 @@ def main():
                       f"{ev[1].elapsed_time(ev[2]):.2f} ms, optimizer {ev[2].elapsed_time(ev[3]):.2f} ms, "
                       f"wall {dt * 1e3:.2f} ms", file=sys.stderr, flush=True)
             steps.append(step_record(s + 1, loss_v, dt, args.batch, args.seq))
+        if prof is not None:
+            prof.stop()
+            prof.export_chrome_trace(args.profile_trace)
+            out["trace"] = args.profile_trace
+            out["profiled_steps"] = min(args.profile_steps, args.steps)
         out["outcome"] = "SUCCEEDED"
     except torch.OutOfMemoryError as e:
         out["outcome"] = "OUT_OF_MEMORY"

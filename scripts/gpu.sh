@@ -5,10 +5,14 @@
 # (scripts/fetch-gpu-deps.sh fills it on a development machine). Results go to $OUT (default gpu-out/).
 #   scripts/gpu.sh [STAGE...]    stages, run in the order given: build test kbench e2e lora data service
 #                                profile ckpt pack dist dist-levers ab fp8 perf perf-long perf-peers perf-levers lora-ac breakdown
+#                                fp8-breakdown
 #                                roofline fp8-curve default (none given: build test kbench e2e lora service profile)
 #   breakdown: one step's device time by category (GEMM, attention, cross-entropy, optimizer,
 #       elementwise/norm/rope, communication, idle) from PROFILE jobs, fused set, 4x2048 and 1x512
 #       (bench/profile_breakdown.py; BREAKDOWN_ARGS: more flags).
+#   fp8-breakdown: one step of ftd fp8, ftd fused and HF + torchao float8 at 4x2048 (FP8_BREAKDOWN_SHAPE),
+#       kernel by kernel on one set of categories (GEMM bf16 / fp8, casts, attention, ...), from ftd's PROFILE
+#       traces and torch.profiler's (bench/profile_breakdown.py --trace).
 #   roofline: per shape, the matrix work's FLOP-bound time at the measured bf16 GEMM peak plus the
 #       optimizer's bytes-bound time at the measured copy bandwidth, against the measured step
 #       (bench/roofline.py; the perf/perf-long stages' results when run before it in the same $OUT).
@@ -200,6 +204,30 @@ for stage in "${stages[@]}"; do
       python3 bench/profile_breakdown.py --build "$build" --out "$out/breakdown" ${BREAKDOWN_ARGS:-} 2>&1 \
         | tee "$out/breakdown.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
+    fp8-breakdown)
+      # One step of ftd fp8, ftd fused (bf16) and HF + torchao float8 (compiled per layer), kernel by kernel,
+      # on the same categories (bench/profile_breakdown.py --trace); traces gzipped under $out/fp8-breakdown.
+      d=$out/fp8-breakdown; mkdir -p "$d"
+      shape=${FP8_BREAKDOWN_SHAPE:-4x2048}; b=${shape%x*}; t=${shape#*x}
+      for ks in fp8 fused; do
+        stamp "PROFILE job: $ks set at $shape"
+        python3 bench/profile_breakdown.py --build "$build" --out "$d" --shapes "$shape" --kernel-set "$ks" \
+          --trace-dir "$d" ${BREAKDOWN_ARGS:-} > "$d/breakdown-$ks.log" 2>&1 || rc=1
+        grep -E "^\|" "$d/breakdown-$ks.log" | head -12
+        [ -f "$d/trace-$ks-$shape.json" ] && gzip -f "$d/trace-$ks-$shape.json"
+      done
+      stamp "torch.profiler: HF + torchao float8 at $shape"
+      python3 -c "import sys; sys.path.insert(0, 'bench'); from ftdbench import token_file; token_file('$d/tokens.u32', $b * ($t + 1) * 8)"
+      timeout 400 python3 bench/hf_train.py --tokens "$d/tokens.u32" --batch "$b" --seq "$t" --steps 6 --variant float8 \
+        --profile-trace "$d/trace-hf-float8-$shape.json.gz" --profile-steps 2 > "$d/hf-float8.json" 2> "$d/hf-float8.err" \
+        || { rc=1; tail -5 "$d/hf-float8.err"; }
+      rm -f "$d/tokens.u32"
+      traces=()
+      for f in "fp8:trace-fp8-$shape.json.gz" "fused:trace-fused-$shape.json.gz" "hf-float8:trace-hf-float8-$shape.json.gz"; do
+        [ -f "$d/${f#*:}" ] && traces+=(--trace "ftd-${f%%:*}=$d/${f#*:}:2")
+      done
+      python3 bench/profile_breakdown.py "${traces[@]}" --out "$d" 2>&1 | tee "$d/trace_breakdown.log" | head -80
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
     roofline)
       # The measured steps: the perf and perf-long stages' tables when they ran before in this $out,
       # else a short fused run at 1x512 and 4x2048.
@@ -242,7 +270,7 @@ for stage in "${stages[@]}"; do
       "$build/worker/ftd-worker" run --default --format text --set steps=${DEFAULT_STEPS:-10} 2>&1 \
         | tee "$out/default-job.log" | tail -4
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
-    *) echo "gpu.sh: unknown stage $stage (build test kbench e2e lora data service profile ckpt pack dist dist-levers ab fp8 fp8-curve perf perf-long perf-peers perf-levers lora-ac breakdown roofline default)"; exit 2 ;;
+    *) echo "gpu.sh: unknown stage $stage (build test kbench e2e lora data service profile ckpt pack dist dist-levers ab fp8 fp8-curve fp8-breakdown perf perf-long perf-peers perf-levers lora-ac breakdown roofline default)"; exit 2 ;;
   esac
 done
 stamp "done (rc $rc)"

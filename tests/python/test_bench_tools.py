@@ -108,3 +108,49 @@ def test_step_flops_match_torch_flop_counter_on_hf_llama():
         torch.nn.functional.cross_entropy(logits.reshape(-1, cfg.vocab_size), ids[:, 1:].reshape(-1)).backward()
     rotary_table = 2 * (cfg.head_dim // 2) * T  # HF's inv_freq @ positions, forward only, one position row
     assert counter.get_total_flops() == rf.step_flops(cfg, B, T, causal=False)["total"] + rotary_table
+
+
+def test_trace_breakdown_by_kernel_and_launching_op(tmp_path):
+    """The kernel-level table: each kernel's category from its name and the ops that launched it, the
+    same rules for ftd's traces and torch.profiler's; wall = first kernel start to last kernel end per
+    step, idle = wall - the union of kernel intervals."""
+    bd = load("profile_breakdown")
+
+    def op(name, ts, dur, ext, tid=1, cat="cpu_op"):
+        return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur,
+                "args": {"External id": ext}}
+
+    def kernel(name, ts, dur, ext):
+        return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": ts, "dur": dur,
+                "args": {"External id": ext}}
+
+    events = [
+        # forward: an FP8 GEMM (cuBLASLt names it like a bf16 one; the launching op tells them apart)
+        op("LinearsFn", 0, 100, 1), op("aten::_scaled_mm", 10, 20, 2), kernel("nvjet_tst_128x256_64x4", 100, 400, 2),
+        op("ftd::fp8_cast", 40, 5, 3), kernel("Fp8CastAmaxKernel", 500, 100, 3),
+        op("aten::mm", 50, 5, 4), kernel("nvjet_tst_128x256_64x4", 600, 300, 4),
+        # backward on the autograd thread: a byte transpose inside the fp8 function is a cast-side cost
+        op("autograd::engine::evaluate_function: CppNode<ftd::engine::fp8::LinearsFn>", 60, 30, 5, tid=2),
+        op("aten::copy_", 61, 5, 6, tid=2), kernel("elementwise_kernel<uint8>", 1000, 50, 6),  # after a 100 us gap
+        op("aten::_scaled_dot_product_flash_attention", 70, 5, 7), kernel("pytorch_flash::flash_fwd_kernel", 1050, 150, 7),
+        op("aten::add_", 80, 2, 8), kernel("vectorized_elementwise_kernel<add>", 1300, 100, 8),  # after a 100 us gap
+        # a compiled peer's fused cast, and an optimizer kernel
+        op("CompiledFunction", 85, 2, 9), kernel("triton_red_fused_abs_amax_clamp_0", 1400, 100, 9),
+        op("Optimizer.step#AdamW.step", 90, 5, 10), op("aten::_fused_adamw_", 91, 2, 11),
+        kernel("multi_tensor_apply_kernel", 1500, 100, 11),
+        kernel("ncclDevKernel_AllReduce_Sum_bf16", 1600, 200, 99),
+    ]
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    b = bd.trace_breakdown(bd.load_trace(path), steps=2)
+    assert b["GEMM fp8"] == pytest.approx(0.4 / 2)
+    assert b["GEMM bf16"] == pytest.approx(0.3 / 2)
+    assert b["casts/amax/transposes"] == pytest.approx((0.1 + 0.05 + 0.1) / 2)
+    assert b["attention"] == pytest.approx(0.15 / 2)
+    assert b["norms/elementwise/rope"] == pytest.approx(0.1 / 2)
+    assert b["optimizer"] == pytest.approx(0.1 / 2)
+    assert b["communication"] == pytest.approx(0.2 / 2)
+    assert b["wall"] == pytest.approx(1.7 / 2)
+    assert b[bd.IDLE] == pytest.approx(0.2 / 2)
+    assert sum(b[c] for c in bd.TRACE_CATEGORIES) + b[bd.IDLE] == pytest.approx(b["wall"])
+    assert "ftd-x" in bd.trace_table([("ftd-x", b)])
