@@ -41,45 +41,14 @@
 
 #include "kernels/common.cuh"
 #include "kernels/fp8_cast.h"
+#include "kernels/fp8_common.cuh"
 
 namespace ftd::kernels {
 namespace {
 
-using namespace detail;  // the device helpers of common.cuh
+using namespace detail;  // the device helpers of common.cuh and fp8_common.cuh
 
 constexpr int kThreads = 512;
-
-template <Fp8Format F>
-__device__ __forceinline__ uint8_t ToFp8(float v) {
-  if (!isfinite(v)) return kFp8NaN;
-  return static_cast<uint8_t>(
-      __nv_cvt_float_to_fp8(v, __NV_SATFINITE, F == Fp8Format::kE4M3 ? __NV_E4M3 : __NV_E5M2));
-}
-
-__device__ __forceinline__ float AbsMaxFinite(float m, float v) { return isfinite(v) ? fmaxf(m, fabsf(v)) : m; }
-
-// Bytes of V fp8 values, stored in one instruction.
-template <int V>
-struct alignas(V) Bytes {
-  uint8_t b[V];
-};
-
-// The scale an amax gives, and block 0's thread 0 writes its inverse.
-template <Fp8Format F>
-__device__ __forceinline__ float ScaleFrom(const float* amax, float* scale_inv) {
-  const float a = __ldcg(amax);
-  const float scale = a > 0.f ? fminf(__fdiv_rn(Fp8Max(F), a), FLT_MAX) : 1.f;
-  if (blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = __fdiv_rn(1.f, scale);
-  return scale;
-}
-
-// The block's maximum into amax (atomicMax on the fp32 bits: every value is >= 0), then the grid sync
-// after which amax holds every block's maximum, visible to all.
-__device__ __forceinline__ void GridAmax(float m, float* scratch, float* amax) {
-  m = BlockMax(m, scratch);
-  if (threadIdx.x == 0 && m > 0.f) atomicMax(reinterpret_cast<int*>(amax), __float_as_int(m));
-  cooperative_groups::this_grid().sync();
-}
 
 // Sources of the elementwise cast: element e of the tensor being cast, and vector i (elements
 // [i * V, i * V + V)) on the vector path, in fp32.

@@ -49,5 +49,6 @@ void BenchAdamW(const BenchConfig& cfg, std::vector<Row>& rows);
 void BenchCrossEntropy(const BenchConfig& cfg, std::vector<Row>& rows);
 void BenchFusedLinearCrossEntropy(const BenchConfig& cfg, std::vector<Row>& rows);
 void BenchFp8Cast(const BenchConfig& cfg, std::vector<Row>& rows);
+void BenchFp8Tiles(const BenchConfig& cfg, std::vector<Row>& rows);
 
 }  // namespace ftd::bench

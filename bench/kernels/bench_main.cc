@@ -43,12 +43,13 @@ constexpr Family kFamilies[] = {
     {"cross_entropy", ftd::bench::BenchCrossEntropy},
     {"fused_linear_ce", ftd::bench::BenchFusedLinearCrossEntropy},
     {"fp8_cast", ftd::bench::BenchFp8Cast},
+    {"fp8_tiles", ftd::bench::BenchFp8Tiles},
 };
 
 constexpr const char* kUsage =
     "usage: ftd-kernel-bench [--tokens N,N,...] [--iters N] [--warmup N] [--families a,b,...]\n"
     "                        [--dtype bf16|fp32] [--json FILE]\n"
-    "families: rmsnorm, swiglu, rope, adamw, cross_entropy, fused_linear_ce (default: all)\n";
+    "families: rmsnorm, swiglu, rope, adamw, cross_entropy, fused_linear_ce, fp8_cast, fp8_tiles (default: all)\n";
 
 std::vector<std::string> SplitCommas(const std::string& s) {
   std::vector<std::string> out;

@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "kernels/fp8_cast.h"
+#include "kernels/fp8_tiles.h"
 #include "kernels/launch_plan.h"
 #include "worker/engine/fused_ops.h"
 #endif
@@ -72,27 +73,83 @@ k::DType KDTypeOf(const torch::Tensor& x) {
   return x.scalar_type() == torch::kFloat ? k::DType::kF32 : k::DType::kBF16;
 }
 
-// x (contiguous) cast into `data` (x's shape, an FP8 dtype) with stats = [amax, scale_inv] (fp32 [2]).
+// A tensor's [amax, scale_inv] buffer: amax at element 0, scale_inv at element kScaleInvAt, 16 bytes
+// in, so that the scale handed to cuBLASLt is 16-byte aligned (it refuses others).
+constexpr int64_t kScaleInvAt = 4;
+torch::Tensor NewStats(const torch::Tensor& like) { return torch::empty({8}, like.options().dtype(torch::kFloat)); }
+float* AmaxPtr(const torch::Tensor& stats) { return stats.data_ptr<float>(); }
+float* ScaleInvPtr(const torch::Tensor& stats) { return stats.data_ptr<float>() + kScaleInvAt; }
+
+// x (contiguous) cast into `data` (x's shape, an FP8 dtype), its amax and scale_inv into stats (NewStats).
 void QuantizeInto(const torch::Tensor& x, const torch::Tensor& data, const torch::Tensor& stats) {
   TORCH_CHECK(x.is_cuda() && x.is_contiguous(), "fp8: the source must be a contiguous CUDA tensor");
   const k::DType dt = KDTypeOf(x);
-  auto* s = stats.data_ptr<float>();
   RECORD_FUNCTION("ftd::fp8_cast", c10::ArrayRef<const c10::IValue>{});
   const cudaError_t e = k::Fp8CastAmax(PropsFor(x.get_device()), dt, FormatOf(data.scalar_type()), x.data_ptr(),
-                                       x.numel(), static_cast<uint8_t*>(data.data_ptr()), s, s + 1,
-                                       at::cuda::getCurrentCUDAStream().stream());
+                                       x.numel(), static_cast<uint8_t*>(data.data_ptr()), AmaxPtr(stats),
+                                       ScaleInvPtr(stats), at::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(e == cudaSuccess, "Fp8CastAmax failed: ", cudaGetErrorString(e));
 }
 
 Fp8Tensor Make(const torch::Tensor& like, torch::ScalarType dtype, torch::Tensor* stats) {
-  *stats = torch::empty({2}, like.options().dtype(torch::kFloat));
-  return {torch::empty(like.sizes(), like.options().dtype(dtype)), stats->select(0, 1)};
+  *stats = NewStats(like);
+  return {torch::empty(like.sizes(), like.options().dtype(dtype)), stats->select(0, kScaleInvAt)};
 }
 
-// The transpose of a 2-D FP8 tensor, contiguous (a byte copy; the scale is unchanged).
+k::Fp8Source SourceOf(const torch::Tensor& t, const float* amax = nullptr) {
+  if (!t.defined()) return {};
+  TORCH_CHECK(t.dim() == 2 && t.stride(1) == 1, "fp8: a tile cast's source must be 2-D with unit column stride");
+  return {t.data_ptr(), t.size(0), t.size(1), t.stride(0), amax};
+}
+
+// The transpose of a 2-D FP8 tensor, contiguous (kernels::Fp8Transpose: the bytes in 64 x 64 tiles; the
+// scale is unchanged).
 Fp8Tensor Transposed(const Fp8Tensor& t) {
-  const auto dtype = t.data.scalar_type();
-  return {t.data.view(torch::kUInt8).t().contiguous().view(dtype), t.scale_inv};
+  TORCH_CHECK(t.data.dim() == 2 && t.data.is_contiguous(), "fp8: Transposed takes a contiguous 2-D tensor");
+  auto out = torch::empty({t.data.size(1), t.data.size(0)}, t.data.options());
+  RECORD_FUNCTION("ftd::fp8_transpose", c10::ArrayRef<const c10::IValue>{});
+  const cudaError_t e = k::Fp8Transpose(PropsFor(t.data.get_device()), static_cast<const uint8_t*>(t.data.data_ptr()),
+                                        t.data.size(0), t.data.size(1), static_cast<uint8_t*>(out.data_ptr()),
+                                        at::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(e == cudaSuccess, "Fp8Transpose failed: ", cudaGetErrorString(e));
+  return {out, t.scale_inv};
+}
+
+// kernels::Fp8CastTiles on the current stream, with its stats buffer; what is not wanted is undefined.
+struct TileCastOut {
+  Fp8Tensor rows, cols;  // S [R, C] and S^T [C, R]
+};
+TileCastOut CastTiles(k::Fp8Concat concat, const std::vector<k::Fp8Source>& sources, torch::ScalarType src_dtype,
+                      int64_t rows_out, torch::ScalarType dtype, bool want_rows, bool want_cols,
+                      k::Fp8ScaleFrom from, const torch::Tensor& like) {
+  TORCH_CHECK(!sources.empty() && sources.size() <= static_cast<size_t>(k::kFp8MaxSources),
+              "fp8: a tile cast takes 1 to ", k::kFp8MaxSources, " sources");
+  k::Fp8TileCast p;
+  p.dtype = src_dtype == torch::kFloat ? k::DType::kF32 : k::DType::kBF16;
+  p.format = FormatOf(dtype);
+  p.concat = concat;
+  p.scale_from = from;
+  p.num_sources = static_cast<int>(sources.size());
+  int64_t r0 = 0, c0 = 0;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    p.sources[i] = sources[i];
+    r0 = concat == k::Fp8Concat::kCols ? sources[i].rows : r0 + sources[i].rows;
+    c0 = concat == k::Fp8Concat::kCols ? c0 + sources[i].cols : sources[i].cols;
+  }
+  p.rows_out = std::max(rows_out, r0);
+  torch::Tensor stats = NewStats(like);
+  TileCastOut out;
+  const auto opts = like.options().dtype(dtype);
+  if (want_rows) out.rows = {torch::empty({p.rows_out, c0}, opts), stats.select(0, kScaleInvAt)};
+  if (want_cols) out.cols = {torch::empty({c0, p.rows_out}, opts), stats.select(0, kScaleInvAt)};
+  p.out = want_rows ? static_cast<uint8_t*>(out.rows.data.data_ptr()) : nullptr;
+  p.out_t = want_cols ? static_cast<uint8_t*>(out.cols.data.data_ptr()) : nullptr;
+  p.amax = AmaxPtr(stats);
+  p.scale_inv = ScaleInvPtr(stats);
+  RECORD_FUNCTION("ftd::fp8_cast_tiles", c10::ArrayRef<const c10::IValue>{});
+  const cudaError_t e = k::Fp8CastTiles(PropsFor(like.get_device()), p, at::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(e == cudaSuccess, "Fp8CastTiles failed: ", cudaGetErrorString(e));
+  return out;
 }
 
 int64_t RoundUp(int64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
@@ -105,59 +162,87 @@ torch::Tensor PadRows(const torch::Tensor& t, int64_t rows) {
 
 // The GEMMs of the projections of one input, given its E4M3 copy x8 [mp, in] (rows padded to a multiple
 // of 16 with zero rows, which change neither the amax nor any sum over rows in backward): y_i = x W_i^T,
-// the first m rows, in x's shape with the last dimension N_i. `saved` gets x8 and every weight's E4M3 copy.
+// the first m rows, in x's shape with the last dimension N_i. `saved` gets x8, then each weight and its
+// amax (the cache's stats: the backward casts the weights again with the same amax, straight into the
+// transposed layout, rather than keeping their E4M3 copies from forward to backward).
 variable_list ForwardGemms(const Fp8Tensor& x8, at::TensorList ws, WeightCache* cache, std::vector<int64_t> shape,
                            torch::ScalarType dtype, variable_list* saved) {
+  TORCH_CHECK(!ws.empty() && ws.size() <= static_cast<size_t>(k::kFp8MaxSources), "fp8: 1 to ",
+              k::kFp8MaxSources, " projections of one input");
   const int64_t m = c10::multiply_integers(shape.begin(), shape.end() - 1);
   saved->insert(saved->end(), {x8.data, x8.scale_inv});
   variable_list out;
   for (const auto& w : ws) {
-    const Fp8Tensor& w8 = cache->Get(w);
+    const Fp8Tensor w8 = cache->Cast(w);
     auto y = MatmulNT(x8, w8, dtype);
     shape.back() = w.size(0);
     out.push_back(y.narrow(0, 0, m).view(shape));
-    saved->insert(saved->end(), {w8.data, w8.scale_inv});
+    saved->insert(saved->end(), {w, cache->Stats(w)});
   }
   return out;
 }
 
-// The backward of ForwardGemms from saved[first..] (x8, then the weights' copies): dW_i into
-// (*out)[dw_slot + i] where wanted, and returns dx [m, in] in `dtype` (the sum over i of dy_i W_i,
-// accumulated in fp32 when there are several projections; undefined unless want_dx).
+// The backward of ForwardGemms from saved[first..] (x8, then each weight and its stats), one projection
+// group at once:
+//   G = [dy_0 | dy_1 | ...] in E5M2 with one scale, [mp, sum N] and its transpose (one tile cast);
+//   dx = G [W_0; W_1; ...] with the stacked weights cast in E4M3 (their largest amax) straight into the
+//     transposed layout cuBLASLt takes: one GEMM, bf16 out, no partial sums;
+//   [dW_0; dW_1; ...] = G^T x8: one GEMM, each dW_i a block of its rows.
+// dW_i into (*out)[dw_slot + i] where wanted; returns dx [m, in] in `dtype` (undefined unless want_dx).
 torch::Tensor BackwardGemms(AutogradContext* ctx, const variable_list& saved, size_t first, const variable_list& grads,
                             int64_t m, torch::ScalarType dtype, bool want_dx, size_t dw_slot, variable_list* out) {
   const int64_t n = static_cast<int64_t>(grads.size());
   const Fp8Tensor x8{saved[first], saved[first + 1]};
   const int64_t mp = x8.data.size(0), in = x8.data.size(1);
-  const auto dx_dtype = n > 1 ? torch::kFloat : dtype;
-  torch::Tensor dx;
-  Fp8Tensor x8t;  // [in, mp]: the second operand of every dW
+  std::vector<k::Fp8Source> gs, ws;
+  std::vector<torch::Tensor> keep;  // the contiguous gradients the casts read
+  std::vector<int64_t> widths;
+  bool any_grad = false, want_dw = false;
   for (int64_t i = 0; i < n; ++i) {
-    if (!grads[i].defined()) continue;  // an unused projection contributes nothing
-    const Fp8Tensor w8{saved[first + 2 + 2 * i], saved[first + 3 + 2 * i]};
-    const Fp8Tensor g8 = Quantize(PadRows(grads[i].reshape({m, -1}), mp), torch::kFloat8_e5m2);  // [mp, N]
-    if (want_dx) {
-      auto part = MatmulNT(g8, Transposed(w8), dx_dtype);  // [mp, N] x [N, in]
-      dx = dx.defined() ? dx.add_(part) : part;
+    const auto& w = saved[first + 2 + 2 * i];
+    const auto& stats = saved[first + 3 + 2 * i];
+    widths.push_back(w.size(0));
+    ws.push_back(SourceOf(w, AmaxPtr(stats)));
+    want_dw = want_dw || ctx->needs_input_grad(dw_slot + i);
+    if (!grads[i].defined()) {  // an unused projection contributes nothing: a source of zeros
+      gs.push_back({nullptr, m, w.size(0), w.size(0), nullptr});
+      continue;
     }
-    if (ctx->needs_input_grad(dw_slot + i)) {
-      if (!x8t.data.defined()) x8t = Transposed(x8);
-      (*out)[dw_slot + i] = MatmulNT(Transposed(g8), x8t, dtype);  // [N, mp] x [mp, in]
+    any_grad = true;
+    auto g = grads[i].reshape({m, w.size(0)});
+    if (g.stride(1) != 1 || g.stride(0) < g.size(1)) g = g.contiguous();
+    keep.push_back(g);
+    gs.push_back(SourceOf(g));
+  }
+  if (!any_grad) return want_dx ? torch::zeros({m, in}, x8.data.options().dtype(dtype)) : torch::Tensor();
+  const auto gdtype = keep.front().scalar_type();
+  const TileCastOut g8 = CastTiles(k::Fp8Concat::kCols, gs, gdtype, mp, torch::kFloat8_e5m2, want_dx, want_dw,
+                                   k::Fp8ScaleFrom::kCompute, x8.data);
+  torch::Tensor dx;
+  if (want_dx) {
+    const TileCastOut wt8 = CastTiles(k::Fp8Concat::kRows, ws, saved[first + 2].scalar_type(), 0,
+                                      torch::kFloat8_e4m3fn, false, true, k::Fp8ScaleFrom::kGiven, x8.data);
+    dx = MatmulNT(g8.rows, wt8.cols, dtype).narrow(0, 0, m);  // [mp, sum N] x [in, sum N]^T
+  }
+  if (want_dw) {
+    const auto dw = MatmulNT(g8.cols, Transposed(x8), dtype);  // [sum N, mp] x [in, mp]^T = [sum N, in]
+    int64_t at = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      if (ctx->needs_input_grad(dw_slot + i)) (*out)[dw_slot + i] = dw.narrow(0, at, widths[i]);
+      at += widths[i];
     }
   }
-  if (!want_dx) return {};
-  if (!dx.defined()) return torch::zeros({m, in}, x8.data.options().dtype(dtype));
-  return dx.narrow(0, 0, m).to(dtype);
+  return dx;
 }
 
 // An FP8 tensor of `rows` x `cols` with rows padded to a multiple of 16 (zero bytes, FP8 zero), and its
 // [amax, scale_inv] buffer.
 Fp8Tensor MakePadded(int64_t rows, int64_t cols, const torch::Tensor& like, torch::Tensor* stats) {
   const int64_t rp = RoundUp(rows);
-  *stats = torch::empty({2}, like.options().dtype(torch::kFloat));
+  *stats = NewStats(like);
   auto data = torch::empty({rp, cols}, like.options().dtype(torch::kFloat8_e4m3fn));
   if (rp > rows) data.narrow(0, rows, rp - rows).view(torch::kUInt8).zero_();
-  return {data, stats->select(0, 1)};
+  return {data, stats->select(0, kScaleInvAt)};
 }
 
 // The forward of a producer with the cast fused: `cast` writes the E4M3 copy of the producer's output
@@ -170,7 +255,7 @@ variable_list FusedCastForward(AutogradContext* ctx, const torch::Tensor& like, 
   torch::Tensor stats;
   const Fp8Tensor y8 = MakePadded(m, in, like, &stats);
   RECORD_FUNCTION(what, c10::ArrayRef<const c10::IValue>{});
-  const cudaError_t e = cast(static_cast<uint8_t*>(y8.data.data_ptr()), stats.data_ptr<float>(),
+  const cudaError_t e = cast(static_cast<uint8_t*>(y8.data.data_ptr()), AmaxPtr(stats),
                              at::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(e == cudaSuccess, what, " failed: ", cudaGetErrorString(e));
   auto out = ForwardGemms(y8, ws, reinterpret_cast<WeightCache*>(cache_addr), like.sizes().vec(), like.scalar_type(),
@@ -238,7 +323,7 @@ struct NormLinearsFn : public torch::autograd::Function<NormLinearsFn> {
                             [&](uint8_t* out, float* stats, cudaStream_t stream) {
                               return k::RmsNormFp8(PropsFor(x.get_device()), KDTypeOf(x), k::Fp8Format::kE4M3,
                                                    x.data_ptr(), w.data_ptr(), m, x.size(-1), static_cast<float>(eps),
-                                                   rstd.data_ptr<float>(), out, stats, stats + 1, stream);
+                                                   rstd.data_ptr<float>(), out, stats, stats + kScaleInvAt, stream);
                             });
   }
 
@@ -262,7 +347,7 @@ struct SwiGluLinearsFn : public torch::autograd::Function<SwiGluLinearsFn> {
     return FusedCastForward(ctx, gate, ws, cache_addr, {gate, up}, "ftd::swiglu_fp8",
                             [&](uint8_t* out, float* stats, cudaStream_t stream) {
                               return k::SwiGluFp8(PropsFor(gate.get_device()), KDTypeOf(gate), k::Fp8Format::kE4M3,
-                                                  gate.data_ptr(), up.data_ptr(), gate.numel(), out, stats, stats + 1,
+                                                  gate.data_ptr(), up.data_ptr(), gate.numel(), out, stats, stats + kScaleInvAt,
                                                   stream);
                             });
   }
@@ -293,22 +378,37 @@ torch::Tensor MatmulNT(const Fp8Tensor& a, const Fp8Tensor& b, torch::ScalarType
   TORCH_CHECK(!(a.data.scalar_type() == torch::kFloat8_e5m2 && b.data.scalar_type() == torch::kFloat8_e5m2),
               "fp8 matmul: E5M2 x E5M2 is not supported by cuBLASLt");
   // b.t() is b^T in column-major order, the layout cuBLASLt's FP8 GEMM takes for its second operand.
-  // cuBLASLt refuses (CUBLAS_STATUS_NOT_SUPPORTED) a scale pointer that is not 16-byte aligned, and
-  // scale_inv views the second element of its stats buffer: hand it a copy of its own.
-  auto aligned = [](const torch::Tensor& s) { return s.storage_offset() == 0 ? s : s.clone(); };
+  // cuBLASLt refuses (CUBLAS_STATUS_NOT_SUPPORTED) a scale pointer that is not 16-byte aligned; ours sit
+  // 16 bytes into their stats buffer (NewStats), and any other gets a copy of its own.
+  auto aligned = [](const torch::Tensor& s) {
+    return reinterpret_cast<uintptr_t>(s.data_ptr()) % 16 == 0 ? s : s.clone();
+  };
   return at::_scaled_mm(a.data.contiguous(), b.data.contiguous().t(), aligned(a.scale_inv), aligned(b.scale_inv),
                         std::nullopt, std::nullopt, out_dtype, /*use_fast_accum=*/false);
 }
 
-const Fp8Tensor& WeightCache::Get(const torch::Tensor& w) {
-  Entry& e = entries_[w.unsafeGetTensorImpl()];
-  if (e.generation != generation_) {
-    torch::NoGradGuard no_grad;
-    if (!e.fp8.data.defined()) e.fp8 = Make(w, torch::kFloat8_e4m3fn, &e.stats);
-    QuantizeInto(w.contiguous(), e.fp8.data, e.stats);
+Fp8Tensor WeightCache::Cast(const torch::Tensor& w_in) {
+  torch::NoGradGuard no_grad;
+  const auto w = w_in.contiguous();
+  Entry& e = entries_[w_in.unsafeGetTensorImpl()];
+  if (!e.stats.defined()) e.stats = NewStats(w);
+  if (e.generation != generation_) {  // the first cast after a step: the amax too, in the same launch
+    Fp8Tensor w8{torch::empty(w.sizes(), w.options().dtype(torch::kFloat8_e4m3fn)), e.stats.select(0, kScaleInvAt)};
+    QuantizeInto(w, w8.data, e.stats);
     e.generation = generation_;
+    return w8;
   }
-  return e.fp8;
+  // The amax of this step is known: one read of the weight, one write of its bytes.
+  return CastTiles(k::Fp8Concat::kRows, {SourceOf(w, AmaxPtr(e.stats))}, w.scalar_type(), 0, torch::kFloat8_e4m3fn,
+                   true, false, k::Fp8ScaleFrom::kGiven, w)
+      .rows;
+}
+
+torch::Tensor WeightCache::Stats(const torch::Tensor& w) const {
+  auto it = entries_.find(w.unsafeGetTensorImpl());
+  TORCH_CHECK(it != entries_.end() && it->second.generation == generation_,
+              "fp8: the weight's amax is asked for before its cast in this step");
+  return it->second.stats;
 }
 
 std::vector<torch::Tensor> Linears(const torch::Tensor& x, const std::vector<torch::Tensor>& ws, WeightCache* cache) {
@@ -337,7 +437,8 @@ namespace {
 
 Fp8Tensor Quantize(const torch::Tensor&, torch::ScalarType) { Missing(); }
 torch::Tensor MatmulNT(const Fp8Tensor&, const Fp8Tensor&, torch::ScalarType) { Missing(); }
-const Fp8Tensor& WeightCache::Get(const torch::Tensor&) { Missing(); }
+Fp8Tensor WeightCache::Cast(const torch::Tensor&) { Missing(); }
+torch::Tensor WeightCache::Stats(const torch::Tensor&) const { Missing(); }
 std::vector<torch::Tensor> Linears(const torch::Tensor&, const std::vector<torch::Tensor>&, WeightCache*) { Missing(); }
 std::vector<torch::Tensor> NormLinears(const torch::Tensor&, const torch::Tensor&, double,
                                        const std::vector<torch::Tensor>&, WeightCache*) {

@@ -4,8 +4,11 @@
 // Recipe: per-tensor current scaling. Forward: activations and weights in E4M3, each tensor cast with
 // the scale its own amax gives (kernels/fp8_cast.h, amax and cast in one launch). Backward: the output
 // gradient in E5M2 (gradients have a wider range and need less precision), multiplied with the E4M3
-// weight (dX) and the E4M3 input saved by the forward (dW); E5M2 x E5M2 is never needed. The weights'
-// E4M3 copies are made once per optimizer step (WeightCache), not once per micro-batch. Master weights,
+// weights (dX) and the E4M3 input saved by the forward (dW); E5M2 x E5M2 is never needed. A projection
+// group's backward (q/k/v, gate/up) is one GEMM for dX and one for the stacked dWs: its output gradients
+// are cast into one E5M2 matrix and its weights into one transposed E4M3 matrix (kernels/fp8_tiles.h).
+// A weight's amax is computed once per optimizer step (WeightCache); its E4M3 copies are made where
+// used, in forward and (transposed) in backward, and never kept from one to the other. Master weights,
 // optimizer state and checkpoints stay as configured (bf16/fp32).
 //
 // Internal to the engine (LibTorch). Built without the kernels, every entry point fails with a message.
@@ -37,17 +40,22 @@ Fp8Tensor Quantize(const torch::Tensor& x, torch::ScalarType dtype);
 // E5M2 may be on one side only.
 torch::Tensor MatmulNT(const Fp8Tensor& a, const Fp8Tensor& b, torch::ScalarType out_dtype);
 
-// The E4M3 copies of the weights a model's FP8 matmuls read, made on first use after Invalidate()
-// (the trainer invalidates after each optimizer step) into buffers kept across steps.
+// The weights' amax for the model's FP8 matmuls: computed at a weight's first cast after Invalidate()
+// (the trainer invalidates after each optimizer step, and after a checkpoint load) and reused by every
+// later cast of the same step (another micro-batch, a recomputed forward, the transposed cast in
+// backward), so every E4M3 copy of a weight in one step has the same scale. The copies themselves are
+// not kept: 7 GB for the 8B model, which would otherwise sit through the activation peak.
 class WeightCache {
  public:
-  const Fp8Tensor& Get(const torch::Tensor& w);
+  // A new E4M3 copy of w [N, K] (row-major, the GEMMs' second operand), scaled by this step's amax.
+  Fp8Tensor Cast(const torch::Tensor& w);
+  // w's [amax, ..., scale_inv, ...] buffer (amax at element 0) of this step; w must have been Cast.
+  torch::Tensor Stats(const torch::Tensor& w) const;
   void Invalidate() { ++generation_; }
 
  private:
   struct Entry {
-    Fp8Tensor fp8;
-    torch::Tensor stats;  // [amax, scale_inv]; fp8.scale_inv views its second element
+    torch::Tensor stats;  // fp32 [8]: amax at 0, scale_inv at 4 (16-byte aligned for cuBLASLt)
     uint64_t generation = 0;
   };
   std::unordered_map<const void*, Entry> entries_;  // by the weight's TensorImpl

@@ -7,14 +7,15 @@
 //     mantissa bits: each operand's relative rounding is uniform in +-2^-4, so a dot product's error is
 //     ~0.05 of its typical size; bound 0.08 in relative Frobenius norm, and 0.13 with an E5M2 side);
 //   - Linears (the autograd function of the q/k/v, gate/up and o/down projections), forward and
-//     backward, against the same two references, with an odd token count (padded rows) and three
-//     projections of one input (dx summed over them);
+//     backward, against the same two references built from the recipe's description (the group's
+//     output gradients in one E5M2 matrix, its weights stacked in one E4M3 matrix), with an odd token
+//     count (padded rows), three projections of one input with unequal amax, and one left unused;
 //   - NormLinears and SwiGluLinears (the norm's and SwiGLU's outputs written in E4M3 by their own kernel)
 //     against the unfused composition (fused::RmsNorm / fused::SwiGlu in bf16, then Linears), forward
 //     and backward: the same E4M3 operands but where the bf16 rounding of the unfused path moves a value
 //     across an E4M3 rounding boundary (a few % of them, by one E4M3 step), so the outputs and dW agree
 //     to ~1%, and the input gradients (from the same E5M2 gradient and E4M3 weights) to bf16 rounding;
-//   - the weight cache: a weight changed in place is seen only after Invalidate().
+//   - the weight cache: a weight's amax is kept through the step and found again after Invalidate().
 // Compute capability below 8.9 has no FP8 GEMM: the test skips there.
 #include <ATen/cuda/CUDAContext.h>
 #include <gtest/gtest.h>
@@ -88,12 +89,14 @@ TEST(Fp8OpsGpu, MatmulMatchesDequantizedGemmAndBf16WithinFp8Rounding) {
   }
 }
 
-TEST(Fp8OpsGpu, LinearsForwardAndBackward) {
-  if (!HaveFp8Gpu()) GTEST_SKIP() << "no GPU with FP8 (compute capability 8.9+)";
+// Linears on q/k/v-like widths; `used` says which outputs the loss reads (an unused one gets no
+// gradient: its block of the stacked dW is zero and it adds nothing to dx).
+void CheckLinears(const std::vector<bool>& used) {
   // [3, 37] tokens (111 rows: padded to 112 inside), hidden 256, q/k/v widths 256, 64, 64.
   auto x = (torch::randn({3, 37, 256}, Bf16())).requires_grad_(true);
   std::vector<torch::Tensor> ws;
   for (int64_t n : {256, 64, 64}) ws.push_back((torch::randn({n, 256}, Bf16()) * 0.02).requires_grad_(true));
+  ws[1].detach().mul_(3);  // unequal amax: the stacked weights' one scale is the largest
   WeightCache cache;
   auto ys = Linears(x, ws, &cache);
   ASSERT_EQ(ys.size(), 3u);
@@ -101,32 +104,53 @@ TEST(Fp8OpsGpu, LinearsForwardAndBackward) {
   torch::Tensor loss = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(torch::kCUDA));
   for (size_t i = 0; i < ys.size(); ++i) {
     ASSERT_EQ(ys[i].sizes(), (std::vector<int64_t>{3, 37, ws[i].size(0)}));
-    dys.push_back(torch::randn(ys[i].sizes(), Bf16()));
-    loss = loss + (ys[i].to(torch::kFloat) * dys[i].to(torch::kFloat)).sum();
+    dys.push_back(used[i] ? torch::randn(ys[i].sizes(), Bf16()) * (1.0 + static_cast<double>(i))
+                          : torch::zeros(ys[i].sizes(), Bf16()));
+    if (used[i]) loss = loss + (ys[i].to(torch::kFloat) * dys[i].to(torch::kFloat)).sum();
   }
   loss.backward();
 
+  // The recipe, from its description: x and each W in E4M3 with their own scales (forward); the output
+  // gradients side by side in one E5M2 matrix with one scale, the weights stacked in one E4M3 matrix
+  // with one scale (backward); dx = G [W_q; W_k; W_v], [dW_q; dW_k; dW_v] = G^T x.
   const auto x2 = x.detach().reshape({111, 256});
   const Fp8Tensor x8 = Quantize(x2, torch::kFloat8_e4m3fn);
-  torch::Tensor want_dx = torch::zeros({111, 256}, torch::TensorOptions().dtype(torch::kFloat).device(torch::kCUDA));
-  torch::Tensor bf16_dx = torch::zeros_like(want_dx);
+  std::vector<torch::Tensor> dy2;
+  for (const auto& d : dys) dy2.push_back(d.reshape({111, -1}));
+  const auto dy_cat = torch::cat(dy2, 1);
+  const Fp8Tensor g8 = Quantize(dy_cat, torch::kFloat8_e5m2);
+  std::vector<torch::Tensor> wd;
+  for (const auto& w : ws) wd.push_back(w.detach());
+  const Fp8Tensor w_cat8 = Quantize(torch::cat(wd, 0), torch::kFloat8_e4m3fn);
+  const auto want_dx = torch::mm(Dequant(g8), Dequant(w_cat8));
+  const auto bf16_dx = torch::mm(dy_cat, torch::cat(wd, 0)).to(torch::kFloat);
+  const auto want_dw = torch::mm(Dequant(g8).t(), Dequant(x8));
+  int64_t at = 0;
   for (size_t i = 0; i < ws.size(); ++i) {
-    const std::string name = "projection " + std::to_string(i);
-    const Fp8Tensor w8 = Quantize(ws[i].detach(), torch::kFloat8_e4m3fn);
+    const std::string name = "projection " + std::to_string(i) + (used[i] ? "" : " (unused)");
+    const int64_t n = ws[i].size(0);
+    const Fp8Tensor w8 = Quantize(wd[i], torch::kFloat8_e4m3fn);
     const auto y = ys[i].detach().reshape({111, -1});
     EXPECT_LE(MaxRel(y, torch::mm(Dequant(x8), Dequant(w8).t())), 1.0 / 128) << "y, " << name;
-    EXPECT_LE(FrobRel(y, torch::mm(x2, ws[i].detach().t())), 0.08) << "y vs bf16, " << name;
-    const auto dy = dys[i].reshape({111, -1});
-    const Fp8Tensor g8 = Quantize(dy, torch::kFloat8_e5m2);
-    want_dx += torch::mm(Dequant(g8), Dequant(w8));
-    bf16_dx += torch::mm(dy, ws[i].detach()).to(torch::kFloat);
+    EXPECT_LE(FrobRel(y, torch::mm(x2, wd[i].t())), 0.08) << "y vs bf16, " << name;
     ASSERT_TRUE(ws[i].grad().defined()) << name;
-    EXPECT_LE(MaxRel(ws[i].grad(), torch::mm(Dequant(g8).t(), Dequant(x8))), 1.0 / 128) << "dW, " << name;
-    EXPECT_LE(FrobRel(ws[i].grad(), torch::mm(dy.t(), x2)), 0.13) << "dW vs bf16, " << name;
+    if (used[i]) {
+      EXPECT_LE(MaxRel(ws[i].grad(), want_dw.narrow(0, at, n)), 1.0 / 128) << "dW, " << name;
+      EXPECT_LE(FrobRel(ws[i].grad(), torch::mm(dy2[i].t(), x2)), 0.13) << "dW vs bf16, " << name;
+    } else {
+      EXPECT_EQ(ws[i].grad().abs().max().item<float>(), 0.f) << "dW, " << name;
+    }
+    at += n;
   }
   ASSERT_TRUE(x.grad().defined());
   EXPECT_LE(MaxRel(x.grad().reshape({111, 256}), want_dx), 1.0 / 128) << "dx";
   EXPECT_LE(FrobRel(x.grad().reshape({111, 256}), bf16_dx), 0.13) << "dx vs bf16";
+}
+
+TEST(Fp8OpsGpu, LinearsForwardAndBackward) {
+  if (!HaveFp8Gpu()) GTEST_SKIP() << "no GPU with FP8 (compute capability 8.9+)";
+  CheckLinears({true, true, true});
+  CheckLinears({true, false, true});
 }
 
 // Runs `fused` and `unfused` (each: inputs -> outputs) on copies of `inputs` and `weights` with the
@@ -196,18 +220,24 @@ TEST(Fp8OpsGpu, NormAndSwiGluWithTheCastFusedMatchTheUnfusedPath) {
       });
 }
 
-TEST(Fp8OpsGpu, WeightCacheRefreshesOnlyAfterInvalidate) {
+TEST(Fp8OpsGpu, WeightCacheKeepsTheAmaxUntilInvalidate) {
   if (!HaveFp8Gpu()) GTEST_SKIP() << "no GPU with FP8 (compute capability 8.9+)";
   torch::NoGradGuard no_grad;
   auto x = torch::randn({16, 64}, Bf16());
   auto w = torch::randn({32, 64}, Bf16());
   WeightCache cache;
   const auto before = Linears(x, {w}, &cache)[0].clone();
-  w.mul_(-2);  // in place, as the optimizer writes
-  EXPECT_TRUE(torch::equal(Linears(x, {w}, &cache)[0], before)) << "the cached copy is used until invalidated";
+  const float amax = cache.Stats(w)[0].item<float>();
+  EXPECT_EQ(amax, w.abs().max().item<float>());
+  w.mul_(0.5);  // in place, as the optimizer writes
+  const auto same_step = Linears(x, {w}, &cache)[0];
+  EXPECT_EQ(cache.Stats(w)[0].item<float>(), amax) << "the step's amax is kept until invalidated";
+  // Scaled by the old amax the halved weight uses half the E4M3 range: the result is still its product.
+  EXPECT_LE(FrobRel(same_step, before * 0.5), 0.08);
   cache.Invalidate();
   const auto after = Linears(x, {w}, &cache)[0];
-  EXPECT_LE(MaxRel(after, before * -2), 1.0 / 64) << "the copy is made again after Invalidate";
+  EXPECT_EQ(cache.Stats(w)[0].item<float>(), w.abs().max().item<float>()) << "the amax is found again after Invalidate";
+  EXPECT_LE(FrobRel(after, before * 0.5), 0.08);
 }
 
 }  // namespace

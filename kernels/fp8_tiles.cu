@@ -1,0 +1,290 @@
+// FP8 casts in 64x64 tiles: concatenated sources, row-major and transposed outputs in one launch; and
+// the FP8 byte transpose.
+//
+// Why: cuBLASLt's FP8 GEMMs on Hopper take both operands K-major ("TN"), so the backward of y = x W^T
+// needs W^T (for dx = dy W) and dy^T, x^T (for dW = dy^T x) as row-major FP8 copies. A generic strided
+// copy of the bytes runs at a fraction of the memory bandwidth; these kernels stage each 64x64 tile in
+// shared memory and write both the tile and its transpose with coalesced stores.
+//
+//   Fp8CastTiles: S [R, C] = the sources concatenated along columns ([s0 | s1 | ...], each [R0, c_i])
+//     or rows ([s0; s1; ...], each [r_i, C]); rows R0..R-1 zero (padding to a multiple of 16).
+//     sources:   bf16 or fp32, row-major with a leading dimension; a null source reads as zeros
+//     out:       (=) [R, C] fp8, row-major, or not written (nullptr)
+//     out_t:     (=) [C, R] fp8, row-major (S^T), or not written (nullptr)
+//     amax:      (=) kCompute: max |S| over the finite elements; kGiven: max over the sources' amax
+//     scale_inv: (=) 1 / scale, scale = min(Fp8Max / amax, FLT_MAX) or 1 when amax is 0
+//     Values: fp8(S * scale), the product in fp32, round to nearest even, saturating; NaN and +-Inf
+//     become kFp8NaN (Fp8CastAmax's rules exactly, so given the scale the bytes are the reference's).
+//     kCompute is one cooperative launch: every block takes tiles by grid stride, computes its share of
+//     the amax, the grid syncs (fp8_common.cuh's GridAmax), then the same tiles are read again and cast.
+//     kGiven is a plain launch with the cast pass only.
+//   Fp8Transpose: out [C, R] = in [R, C], bytes.
+//
+// Tiles: 64 rows x 64 columns, 256 threads. Loads: 16-byte vectors (8 bf16 / 4 fp32 / 16 fp8 elements)
+// when every source pointer is 16-byte aligned and every leading dimension and source width is a
+// multiple of the vector (a vector then never straddles two sources), else element by element with the
+// source looked up per element. Row-major stores: the vector's bytes in one store when C is a multiple
+// of the vector and out is 16-byte aligned. Transposed stores: each thread gathers 16 bytes of one
+// column of the shared tile and stores them in one 16-byte store when R is a multiple of 16 and out_t
+// is 16-byte aligned; bytewise otherwise. Tiles at the right and bottom edges are bounds-checked.
+#include <algorithm>
+#include <cfloat>
+
+#include "kernels/common.cuh"
+#include "kernels/fp8_common.cuh"
+#include "kernels/fp8_tiles.h"
+
+namespace ftd::kernels {
+namespace {
+
+using namespace detail;
+
+constexpr int kTile = 64;
+constexpr int kThreads = 256;
+
+// The sources as the kernel reads them: each source's offset along the concatenated dimension.
+struct Layout {
+  const void* ptr[kFp8MaxSources];
+  int64_t rows[kFp8MaxSources], cols[kFp8MaxSources], ld[kFp8MaxSources], off[kFp8MaxSources];
+  const float* amax[kFp8MaxSources];
+  int n;
+  bool by_cols;
+  int64_t r0, R, C;  // rows with data, rows in all (padding included), columns
+};
+
+// The source holding S's element (r, c) (r < r0) and its local coordinates.
+__device__ __forceinline__ int Find(const Layout& s, int64_t r, int64_t c, int64_t* lr, int64_t* lc) {
+  const int64_t key = s.by_cols ? c : r;
+  int i = 0;
+  while (i + 1 < s.n && s.off[i + 1] <= key) ++i;
+  *lr = s.by_cols ? r : r - s.off[i];
+  *lc = s.by_cols ? c - s.off[i] : c;
+  return i;
+}
+
+template <typename T>
+__device__ __forceinline__ float Element(const Layout& s, int64_t r, int64_t c) {
+  if (r >= s.r0 || c >= s.C) return 0.f;
+  int64_t lr, lc;
+  const int i = Find(s, r, c, &lr, &lc);
+  const T* p = static_cast<const T*>(s.ptr[i]);
+  return p == nullptr ? 0.f : ToFloat(p[lr * s.ld[i] + lc]);
+}
+
+// S[r, c .. c + V) in fp32 (zeros past the data), V = 16 / sizeof(T).
+template <typename T>
+__device__ __forceinline__ void Chunk(const Layout& s, bool vec, int64_t r, int64_t c, float (&f)[kVec<T>]) {
+  constexpr int V = kVec<T>;
+  if (vec) {
+    int64_t lr, lc;
+    const int i = r < s.r0 ? Find(s, r, c, &lr, &lc) : 0;
+    const T* p = static_cast<const T*>(s.ptr[i]);
+    if (r >= s.r0 || p == nullptr) {
+#pragma unroll
+      for (int j = 0; j < V; ++j) f[j] = 0.f;
+      return;
+    }
+    const Vec<T> v = LoadVec(p + lr * s.ld[i] + lc);
+#pragma unroll
+    for (int j = 0; j < V; ++j) f[j] = ToFloat(v.v[j]);
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < V; ++j) f[j] = Element<T>(s, r, c + j);
+}
+
+// Writes the 64 x 64 byte tile at (tr, tc) of smem to out_t ([C, R]): 16 bytes of one column a thread.
+__device__ __forceinline__ void StoreTransposed(const uint8_t (&tile)[kTile][kTile], int64_t tr, int64_t tc,
+                                               int64_t R, int64_t C, bool vec, uint8_t* out_t) {
+  const int cc = threadIdx.x % kTile, rr = (threadIdx.x / kTile) * 16;
+  const int64_t gc = tc * kTile + cc, gr = tr * kTile + rr;
+  if (gc >= C || gr >= R) return;
+  alignas(16) uint8_t b[16];
+#pragma unroll
+  for (int k = 0; k < 16; ++k) b[k] = tile[rr + k][cc];
+  uint8_t* dst = out_t + gc * R + gr;
+  if (vec && gr + 16 <= R) {
+    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(b);
+  } else {
+    for (int k = 0; k < 16 && gr + k < R; ++k) dst[k] = b[k];
+  }
+}
+
+struct Vectors {
+  bool load, out, out_t;  // 16-byte loads, V-byte row-major stores, 16-byte transposed stores
+};
+
+template <typename T, Fp8Format F, bool kCompute>
+__global__ void __launch_bounds__(kThreads)
+    Fp8TilesKernel(Layout s, Vectors vec, uint8_t* __restrict__ out, uint8_t* __restrict__ out_t, float* amax,
+                   float* scale_inv) {
+  constexpr int V = kVec<T>;
+  constexpr int kChunksPerRow = kTile / V;
+  constexpr int kPerThread = kTile * kChunksPerRow / kThreads;
+  __shared__ alignas(16) uint8_t tile[kTile][kTile];
+  __shared__ float scratch[32];
+  const int64_t tiles_c = CeilDiv(s.C, kTile), tiles = CeilDiv(s.R, kTile) * tiles_c;
+  float f[V];
+
+  float scale;
+  if constexpr (kCompute) {
+    float m = 0.f;
+    for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+      const int64_t tr = t / tiles_c, tc = t % tiles_c;
+#pragma unroll
+      for (int k = 0; k < kPerThread; ++k) {
+        const int id = threadIdx.x + k * kThreads;
+        const int64_t r = tr * kTile + id / kChunksPerRow, c = tc * kTile + (id % kChunksPerRow) * V;
+        if (r >= s.r0 || c >= s.C) continue;
+        Chunk<T>(s, vec.load, r, c, f);
+#pragma unroll
+        for (int j = 0; j < V; ++j) m = AbsMaxFinite(m, f[j]);
+      }
+    }
+    GridAmax(m, scratch, amax);
+    scale = ScaleFrom<F>(amax, scale_inv);
+  } else {
+    float a = 0.f;
+    for (int i = 0; i < s.n; ++i) a = fmaxf(a, __ldg(s.amax[i]));
+    scale = ScaleOf<F>(a);
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+      *amax = a;
+      *scale_inv = __fdiv_rn(1.f, scale);
+    }
+  }
+
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const int64_t tr = t / tiles_c, tc = t % tiles_c;
+    __syncthreads();  // the previous tile's transposed stores have read the shared tile
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) {
+      const int id = threadIdx.x + k * kThreads;
+      const int lr = id / kChunksPerRow, lc = (id % kChunksPerRow) * V;
+      const int64_t r = tr * kTile + lr, c = tc * kTile + lc;
+      if (r >= s.R || c >= s.C) continue;
+      Chunk<T>(s, vec.load, r, c, f);
+      Bytes<V> o;
+#pragma unroll
+      for (int j = 0; j < V; ++j) o.b[j] = ToFp8<F>(__fmul_rn(f[j], scale));
+      if (out != nullptr) {
+        uint8_t* dst = out + r * s.C + c;
+        if (vec.out) {
+          *reinterpret_cast<Bytes<V>*>(dst) = o;
+        } else {
+          for (int j = 0; j < V && c + j < s.C; ++j) dst[j] = o.b[j];
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < V; ++j) tile[lr][lc + j] = o.b[j];
+    }
+    if (out_t != nullptr) {
+      __syncthreads();
+      StoreTransposed(tile, tr, tc, s.R, s.C, vec.out_t, out_t);
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    TransposeKernel(const uint8_t* __restrict__ in, int64_t R, int64_t C, bool vec_in, bool vec_out,
+                    uint8_t* __restrict__ out) {
+  __shared__ alignas(16) uint8_t tile[kTile][kTile];
+  const int64_t tiles_c = CeilDiv(C, kTile), tiles = CeilDiv(R, kTile) * tiles_c;
+  const int lr = threadIdx.x / 4, lc = (threadIdx.x % 4) * 16;
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const int64_t tr = t / tiles_c, tc = t % tiles_c;
+    const int64_t r = tr * kTile + lr, c = tc * kTile + lc;
+    __syncthreads();
+    if (r < R && c < C) {
+      if (vec_in) {
+        *reinterpret_cast<uint4*>(&tile[lr][lc]) = *reinterpret_cast<const uint4*>(in + r * C + c);
+      } else {
+        for (int j = 0; j < 16 && c + j < C; ++j) tile[lr][lc + j] = in[r * C + c + j];
+      }
+    }
+    __syncthreads();
+    StoreTransposed(tile, tr, tc, R, C, vec_out, out);
+  }
+}
+
+template <typename T, Fp8Format F>
+cudaError_t Launch(const DeviceProps& props, const Layout& s, Vectors vec, const Fp8TileCast& p,
+                   cudaStream_t stream) {
+  const int64_t tiles = std::max<int64_t>(1, CeilDiv(s.R, kTile) * CeilDiv(s.C, kTile));
+  if (p.scale_from == Fp8ScaleFrom::kGiven) {
+    const int64_t blocks = std::min(
+        tiles, ResidentBlocks(props, reinterpret_cast<const void*>(Fp8TilesKernel<T, F, false>), kThreads));
+    Fp8TilesKernel<T, F, false>
+        <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(s, vec, p.out, p.out_t, p.amax, p.scale_inv);
+    return cudaGetLastError();
+  }
+  const void* kernel = reinterpret_cast<const void*>(Fp8TilesKernel<T, F, true>);
+  const int64_t blocks = std::clamp<int64_t>(tiles, 1, ResidentBlocks(props, kernel, kThreads));
+  if (const cudaError_t e = cudaMemsetAsync(p.amax, 0, sizeof(float), stream); e != cudaSuccess) return e;
+  Layout sl = s;
+  uint8_t* out = p.out;
+  uint8_t* out_t = p.out_t;
+  float* amax = p.amax;
+  float* scale_inv = p.scale_inv;
+  void* args[] = {&sl, &vec, &out, &out_t, &amax, &scale_inv};
+  return cudaLaunchCooperativeKernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), args, 0, stream);
+}
+
+template <typename T>
+cudaError_t Dispatch(const DeviceProps& props, const Layout& s, Vectors vec, const Fp8TileCast& p,
+                     cudaStream_t stream) {
+  return p.format == Fp8Format::kE4M3 ? Launch<T, Fp8Format::kE4M3>(props, s, vec, p, stream)
+                                      : Launch<T, Fp8Format::kE5M2>(props, s, vec, p, stream);
+}
+
+}  // namespace
+
+cudaError_t Fp8CastTiles(const DeviceProps& props, const Fp8TileCast& p, cudaStream_t stream) {
+  if (p.num_sources < 1 || p.num_sources > kFp8MaxSources || p.amax == nullptr || p.scale_inv == nullptr ||
+      (p.out == nullptr && p.out_t == nullptr) || (p.dtype != DType::kBF16 && p.dtype != DType::kF32)) {
+    return cudaErrorInvalidValue;
+  }
+  Layout s = {};
+  s.n = p.num_sources;
+  s.by_cols = p.concat == Fp8Concat::kCols;
+  const int V = p.dtype == DType::kF32 ? 4 : 8;
+  bool vec_load = true;
+  int64_t along = 0;
+  for (int i = 0; i < s.n; ++i) {
+    const Fp8Source& src = p.sources[i];
+    if (src.rows < 0 || src.cols < 0 || src.ld < src.cols) return cudaErrorInvalidValue;
+    if (p.scale_from == Fp8ScaleFrom::kGiven && src.amax == nullptr) return cudaErrorInvalidValue;
+    const Fp8Source& first = p.sources[0];
+    if (s.by_cols ? src.rows != first.rows : src.cols != first.cols) return cudaErrorInvalidValue;
+    s.ptr[i] = src.ptr;
+    s.rows[i] = src.rows;
+    s.cols[i] = src.cols;
+    s.ld[i] = src.ld;
+    s.amax[i] = src.amax;
+    s.off[i] = along;
+    along += s.by_cols ? src.cols : src.rows;
+    vec_load = vec_load && (src.ptr == nullptr || Aligned16(src.ptr)) && src.ld % V == 0 && src.cols % V == 0;
+  }
+  s.r0 = s.by_cols ? p.sources[0].rows : along;
+  s.C = s.by_cols ? along : p.sources[0].cols;
+  s.R = p.rows_out == 0 ? s.r0 : p.rows_out;
+  if (s.R < s.r0) return cudaErrorInvalidValue;
+  const Vectors vec{vec_load, s.C % V == 0 && (p.out == nullptr || Aligned16(p.out)),
+                    s.R % 16 == 0 && (p.out_t == nullptr || Aligned16(p.out_t))};
+  return p.dtype == DType::kF32 ? Dispatch<float>(props, s, vec, p, stream)
+                                : Dispatch<__nv_bfloat16>(props, s, vec, p, stream);
+}
+
+cudaError_t Fp8Transpose(const DeviceProps& props, const uint8_t* in, int64_t rows, int64_t cols, uint8_t* out,
+                         cudaStream_t stream) {
+  if (rows < 0 || cols < 0) return cudaErrorInvalidValue;
+  if (rows == 0 || cols == 0) return cudaSuccess;
+  if (in == nullptr || out == nullptr) return cudaErrorInvalidValue;
+  const int64_t tiles = CeilDiv(rows, kTile) * CeilDiv(cols, kTile);
+  const int64_t blocks =
+      std::min(tiles, ResidentBlocks(props, reinterpret_cast<const void*>(TransposeKernel), kThreads));
+  TransposeKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+      in, rows, cols, cols % 16 == 0 && Aligned16(in), rows % 16 == 0 && Aligned16(out), out);
+  return cudaGetLastError();
+}
+
+}  // namespace ftd::kernels
