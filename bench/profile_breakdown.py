@@ -55,7 +55,7 @@ TRACE_CATEGORIES = ("GEMM bf16", "GEMM fp8", "casts/amax/transposes", "attention
                     "cross-entropy", "optimizer", "communication", "other")
 
 # (category, kernel-name pattern or None, launching-ops pattern or None), first match wins; the ops
-# pattern is searched in the launching op's name and its enclosing ops' names, joined by " < ".
+# pattern is searched in the launching op's name and in each of its enclosing ops' names.
 TRACE_RULES = [
     ("communication", r"nccl", None),
     ("attention", r"flash|fmha|attention|sdpa", None),
@@ -76,7 +76,6 @@ TRACE_RULES = [
 def kernel_category(kernel, ops):
     """The TRACE_CATEGORIES entry of a device kernel, given its name and the names of the ops that
     launched it (innermost first)."""
-    chain = " < ".join(ops)
     for out, kpat, opat in TRACE_RULES:
         if kpat is not None and not re.search(kpat, kernel):
             continue
@@ -105,7 +104,7 @@ def trace_breakdown(trace, steps):
     host.sort(key=lambda e: (e.get("pid"), e.get("tid"), float(e["ts"]), -float(e.get("dur", 0))))
     parent, stack = [-1] * len(host), []
     for i, e in enumerate(host):
-        ts, te = float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))
+        te = float(e["ts"]) + float(e.get("dur", 0))
         while stack and ((host[stack[-1]].get("pid"), host[stack[-1]].get("tid")) != (e.get("pid"), e.get("tid"))
                          or float(host[stack[-1]]["ts"]) + float(host[stack[-1]].get("dur", 0)) < te):
             stack.pop()

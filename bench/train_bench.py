@@ -8,12 +8,12 @@ A run that runs out of memory is recorded as such and the benchmark goes on.
 
 ftd impls: a kernel set with options joined by `+`: `fused+ac=selective` (spec.activation_checkpointing),
 `fused+es` (spec.expandable_segments), `fused+fp` (spec.kernel_tuning.fused_projections),
-`fused+fcl=N` (spec.full_checkpoint_layers), `fused+nc` (optimizer.grad_clip 0), `fused+ov`
+`fused+fcl=N` (spec.full_checkpoint_layers), `fused+nc` (optimizer.grad_clip 0), `fp8+nfa` (kernel_tuning.fp8_fast_accum false), `fused+ov`
 (spec.optimizer.overlap, which needs grad_clip 0: nc implied), `fused+cg` (spec.kernel_tuning.cuda_graphs), e.g. `fused+ac=full+es` or `fused+ac=selective+fcl=16`.
-Peers: `hf` (HF eager, sdpa, fused AdamW), `hf-compile` (torch.compile), `hf-liger` (Liger-Kernel), `hf-float8` (torchao float8 training + torch.compile). --peer-gc auto (default)
-turns HF's gradient checkpointing on up front where the peer's estimated peak (60 GiB of weights, gradients
-and AdamW state, plus HF eager's measured 5.8 MiB of activations a token) does not fit the GPU, and reruns
-a peer that still ran out of memory with it; the table names it `+gc`. `on` always uses it, `off` never.
+Peers: `hf` (HF eager, sdpa, fused AdamW), `hf-compile` (torch.compile), `hf-liger` (Liger-Kernel), `hf-float8` (torchao float8 training + torch.compile). Each peer
+runs first as its users run it, without gradient checkpointing; --peer-gc auto (default) reruns a peer that
+ran out of memory with HF's gradient checkpointing, and the table names that row `+gc` (the peer ran
+handicapped). `on` always uses it, `off` never.
 --ftd-ac auto (default) reruns an ftd impl that ran out of memory with activation_checkpointing selective,
 then full (named `+ac=...` in the table); `off` records the out-of-memory run.
 --largest runs each peer at the largest of --shapes that runs (largest first; smaller ones only after a
@@ -34,7 +34,6 @@ build (another commit's ftd-worker), so two versions of ftd are compared in one 
 same machine; --repeat alternates them to spread drift evenly.
 """
 import json
-import os
 import statistics
 import subprocess
 import tempfile
@@ -99,10 +98,12 @@ def ftd_options(impl):
             extra.setdefault("kernel_tuning", {})["cuda_graphs"] = True
         elif key == "nc" and not value:
             extra.setdefault("optimizer", {})["grad_clip"] = 0
+        elif key == "nfa" and not value:
+            extra.setdefault("kernel_tuning", {})["fp8_fast_accum"] = False
         elif key == "ov" and not value:
             extra.setdefault("optimizer", {}).update(grad_clip=0, overlap=True)
         else:
-            sys.exit(f"train_bench: unknown option {o!r} in impl {impl!r} (ac=none|selective|full, es, fp, fcl=N, nc, ov, cg)")
+            sys.exit(f"train_bench: unknown option {o!r} in impl {impl!r} (ac=none|selective|full, es, fp, fcl=N, nc, ov, cg, nfa)")
     return extra
 
 
@@ -122,43 +123,23 @@ def run_hf(tokens, b, t, steps, variant, grad_ckpt, timeout=None):
         return {"impl": impl, "outcome": "OUT_OF_MEMORY" if oom else "FAILED", "message": p.stderr[-2000:], "steps": []}
 
 
-# The HF peers' peak memory, for choosing gradient checkpointing before a run rather than after an
-# out-of-memory one (a compiled peer spends a minute compiling first): bf16 weights, gradients and AdamW's
-# two moments (8 bytes a parameter of the 8B), plus activations a token as HF eager measured at 4x2048
-# (106.0 GiB peak, docs/performance.md). Compiled and float8 peers keep less, so this errs towards fitting.
-HF_STATIC_GIB = 59.9
-HF_ACTIVATION_GIB_PER_TOKEN = (106.0 - HF_STATIC_GIB) / 8192
-
-
-def gpu_memory_gib():
-    """The first visible GPU's memory in GiB (nvidia-smi), or None without one."""
-    dev = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
-    try:
-        p = subprocess.run(["nvidia-smi", "-i", dev, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-                           capture_output=True, text=True, timeout=30)
-        return float(p.stdout.split()[0]) / 1024 if p.returncode == 0 else None
-    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
-        return None
-
-
-def peer_needs_gc(b, t, gpu_gib):
-    """Whether an HF peer at b x t is expected not to fit without gradient checkpointing (5% headroom
-    for the allocator's fragmentation and the CUDA context)."""
-    return gpu_gib is not None and HF_STATIC_GIB + b * t * HF_ACTIVATION_GIB_PER_TOKEN > 0.95 * gpu_gib
-
-
-def run_peer(tokens, b, t, steps, impl, peer_gc, gpu_gib=None, timeout=None):
+def run_peer(tokens, b, t, steps, impl, peer_gc, timeout=None):
+    """A peer as its users run it: without gradient checkpointing first; with `auto`, again with it only
+    after a real out-of-memory run (the row is then named +gc: the peer ran handicapped)."""
     variant = {"hf": "eager", "hf-eager": "eager", "hf-compile": "compile", "hf-liger": "liger",
                "hf-float8": "float8"}[impl]
-    up_front = peer_gc == "auto" and peer_needs_gc(b, t, gpu_gib)
-    if up_front:
-        print(f"# {impl} {b}x{t}: estimated {HF_STATIC_GIB + b * t * HF_ACTIVATION_GIB_PER_TOKEN:.0f} GiB of "
-              f"{gpu_gib:.0f}: with gradient checkpointing", flush=True)
-    r = run_hf(tokens, b, t, steps, variant, peer_gc == "on" or up_front, timeout)
+    r = run_hf(tokens, b, t, steps, variant, peer_gc == "on", timeout)
     if r["outcome"] == "OUT_OF_MEMORY" and peer_gc == "auto":
         print(f"# {r['impl']} {b}x{t}: OUT_OF_MEMORY; again with gradient checkpointing", flush=True)
         r = run_hf(tokens, b, t, steps, variant, True, timeout)
     return r
+
+
+def peer_timeout(run_timeout, budget_s, elapsed):
+    """Seconds the next peer run may take (None: no limit): the smaller of --run-timeout and what is left
+    of --budget-s."""
+    limits = [x for x in (run_timeout, None if budget_s is None else budget_s - elapsed) if x is not None]
+    return min(limits) if limits else None
 
 
 def main():
@@ -168,8 +149,7 @@ def main():
     ap.add_argument("--impls", default="eager,fused,hf",
                     help="ftd kernel sets with options (fused+ac=selective, ...) and/or peers hf, hf-compile, hf-liger")
     ap.add_argument("--peer-gc", choices=["auto", "on", "off"], default="auto",
-                    help="HF gradient checkpointing: auto = where the peer is not expected to fit without it, "
-                         "or after it ran out of memory without it")
+                    help="HF gradient checkpointing: auto = only after the peer ran out of memory without it")
     ap.add_argument("--ftd-ac", choices=["auto", "off"], default="auto",
                     help="auto: an ftd impl that ran out of memory runs again with activation checkpointing "
                          "selective, then full")
@@ -187,7 +167,6 @@ def main():
     n = max(b * (t + 1) for b, t in shapes) * (args.steps + 1)
     tokens = Path(tempfile.mkdtemp(prefix="ftd-bench-")) / "tokens.u32"
     np.random.default_rng(0).integers(0, 128256, size=n, dtype=np.uint32).astype("<u4").tofile(tokens)
-    gpu_gib = gpu_memory_gib()
     rows = []
     t_start = time.monotonic()
     placed = set()  # --largest: the peers that already ran at a larger shape
@@ -198,12 +177,11 @@ def main():
             if impl.startswith("hf") and args.largest and impl in placed:
                 continue
             if impl.startswith("hf"):
-                left = None if args.budget_s is None else args.budget_s - (time.monotonic() - t_start)
-                timeout = min(x for x in (args.run_timeout, left, 1e9) if x is not None)
-                if timeout < 10:
+                timeout = peer_timeout(args.run_timeout, args.budget_s, time.monotonic() - t_start)
+                if timeout is not None and timeout < 10:
                     r = {"impl": impl, "outcome": "SKIPPED", "message": "--budget-s spent", "steps": []}
                 else:
-                    r = run_peer(tokens, b, t, args.steps, impl, args.peer_gc, gpu_gib, timeout)
+                    r = run_peer(tokens, b, t, args.steps, impl, args.peer_gc, timeout)
                 if args.largest and r["outcome"] == "SUCCEEDED":
                     placed.add(impl)
             else:
@@ -242,6 +220,9 @@ def main():
               f"{'-' if s.get('joules_per_token') is None else format(s['joules_per_token'], '.3f')} | "
               f"{'-' if s.get('power_w') is None else format(s['power_w'], '.0f')} | "
               f"{s['loss_first']:.3f} -> {s['loss_last']:.3f} |")
+    if any(r["impl"].startswith("hf") and "+gc" in r["impl"] for r in rows):
+        print("\n+gc: the peer ran out of memory as its users run it and was rerun with gradient checkpointing "
+              "(handicapped).")
 
 
 if __name__ == "__main__":

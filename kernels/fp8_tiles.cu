@@ -3,7 +3,7 @@
 //
 // Why: cuBLASLt's FP8 GEMMs on Hopper take both operands K-major ("TN"), so the backward of y = x W^T
 // needs W^T (for dx = dy W) and dy^T, x^T (for dW = dy^T x) as row-major FP8 copies. A generic strided
-// copy of the bytes runs at a fraction of the memory bandwidth; these kernels stage each 64x64 tile in
+// copy of the bytes runs at a fraction of the memory bandwidth; these kernels stage each tile in
 // shared memory and write both the tile and its transpose with coalesced stores.
 //
 //   Fp8CastTiles: S [R, C] = the sources concatenated along columns ([s0 | s1 | ...], each [R0, c_i])
@@ -20,13 +20,15 @@
 //     kGiven is a plain launch with the cast pass only.
 //   Fp8Transpose: out [C, R] = in [R, C], bytes.
 //
-// Tiles: 64 rows x 64 columns, 256 threads. Loads: 16-byte vectors (8 bf16 / 4 fp32 / 16 fp8 elements)
+// Tiles: 64 rows x 128 columns, 256 threads, every load of a tile issued before its first cast. The amax
+// pass reads the sources by grid stride, four 16-byte vectors in flight. Loads: 16-byte vectors (8 bf16 / 4 fp32 / 16 fp8 elements)
 // when every source pointer is 16-byte aligned and every leading dimension and source width is a
 // multiple of the vector (a vector then never straddles two sources), else element by element with the
 // source looked up per element. Row-major stores: the vector's bytes in one store when C is a multiple
-// of the vector and out is 16-byte aligned. Transposed stores: each thread gathers 16 bytes of one
-// column of the shared tile and stores them in one 16-byte store when R is a multiple of 16 and out_t
-// is 16-byte aligned; bytewise otherwise. Tiles at the right and bottom edges are bounds-checked.
+// of the vector and out is 16-byte aligned. Transposed stores: four consecutive threads gather the 64
+// bytes of one column of the shared tile (its rows 129 bytes apart, so the gathers hit distinct banks)
+// and store them 16 bytes each when R is a multiple of 16 and out_t is 16-byte aligned; bytewise
+// otherwise. Tiles at the right and bottom edges are bounds-checked.
 #include <algorithm>
 #include <cfloat>
 
@@ -39,8 +41,11 @@ namespace {
 
 using namespace detail;
 
-constexpr int kTile = 64;
+constexpr int kTileR = 64;   // rows of S in a tile
+constexpr int kTileC = 128;  // columns of S in a tile
+constexpr int kPitch = kTileC + 1;  // bytes between the shared tile's rows: the column gathers hit distinct banks
 constexpr int kThreads = 256;
+using Tile = uint8_t[kTileR][kPitch];
 
 // The sources as the kernel reads them: each source's offset along the concatenated dimension.
 struct Layout {
@@ -63,50 +68,52 @@ __device__ __forceinline__ int Find(const Layout& s, int64_t r, int64_t c, int64
 }
 
 template <typename T>
-__device__ __forceinline__ float Element(const Layout& s, int64_t r, int64_t c) {
-  if (r >= s.r0 || c >= s.C) return 0.f;
+__device__ __forceinline__ T Element(const Layout& s, int64_t r, int64_t c) {
+  if (r >= s.r0 || c >= s.C) return T(0.f);
   int64_t lr, lc;
   const int i = Find(s, r, c, &lr, &lc);
   const T* p = static_cast<const T*>(s.ptr[i]);
-  return p == nullptr ? 0.f : ToFloat(p[lr * s.ld[i] + lc]);
+  return p == nullptr ? T(0.f) : p[lr * s.ld[i] + lc];
 }
 
-// S[r, c .. c + V) in fp32 (zeros past the data), V = 16 / sizeof(T).
+// S[r, c .. c + V), V = 16 / sizeof(T), as stored (zeros past the data).
 template <typename T>
-__device__ __forceinline__ void Chunk(const Layout& s, bool vec, int64_t r, int64_t c, float (&f)[kVec<T>]) {
-  constexpr int V = kVec<T>;
+__device__ __forceinline__ Vec<T> Chunk(const Layout& s, bool vec, int64_t r, int64_t c) {
+  Vec<T> v;
   if (vec) {
     int64_t lr, lc;
     const int i = r < s.r0 ? Find(s, r, c, &lr, &lc) : 0;
     const T* p = static_cast<const T*>(s.ptr[i]);
-    if (r >= s.r0 || p == nullptr) {
+    if (r < s.r0 && p != nullptr) return LoadVec(p + lr * s.ld[i] + lc);
 #pragma unroll
-      for (int j = 0; j < V; ++j) f[j] = 0.f;
-      return;
-    }
-    const Vec<T> v = LoadVec(p + lr * s.ld[i] + lc);
-#pragma unroll
-    for (int j = 0; j < V; ++j) f[j] = ToFloat(v.v[j]);
-    return;
+    for (int j = 0; j < kVec<T>; ++j) v.v[j] = T(0.f);
+    return v;
   }
 #pragma unroll
-  for (int j = 0; j < V; ++j) f[j] = Element<T>(s, r, c + j);
+  for (int j = 0; j < kVec<T>; ++j) v.v[j] = Element<T>(s, r, c + j);
+  return v;
 }
 
-// Writes the 64 x 64 byte tile at (tr, tc) of smem to out_t ([C, R]): 16 bytes of one column a thread.
-__device__ __forceinline__ void StoreTransposed(const uint8_t (&tile)[kTile][kTile], int64_t tr, int64_t tc,
-                                               int64_t R, int64_t C, bool vec, uint8_t* out_t) {
-  const int cc = threadIdx.x % kTile, rr = (threadIdx.x / kTile) * 16;
-  const int64_t gc = tc * kTile + cc, gr = tr * kTile + rr;
-  if (gc >= C || gr >= R) return;
-  alignas(16) uint8_t b[16];
+// Writes the shared tile at (tr, tc) to out_t ([C, R]): each of its kTileC columns is kTileR = 64 bytes
+// of an output row, written by 4 consecutive threads, 16 bytes each (a warp writes 8 whole 64-byte row
+// pieces).
+__device__ __forceinline__ void StoreTransposed(const Tile& tile, int64_t tr, int64_t tc, int64_t R, int64_t C,
+                                               bool vec, uint8_t* out_t) {
 #pragma unroll
-  for (int k = 0; k < 16; ++k) b[k] = tile[rr + k][cc];
-  uint8_t* dst = out_t + gc * R + gr;
-  if (vec && gr + 16 <= R) {
-    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(b);
-  } else {
-    for (int k = 0; k < 16 && gr + k < R; ++k) dst[k] = b[k];
+  for (int k = 0; k < kTileC * 4 / kThreads; ++k) {
+    const int id = threadIdx.x + k * kThreads;
+    const int cc = id / 4, rr = (id % 4) * 16;
+    const int64_t gc = tc * kTileC + cc, gr = tr * kTileR + rr;
+    if (gc >= C || gr >= R) continue;
+    alignas(16) uint8_t b[16];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) b[j] = tile[rr + j][cc];
+    uint8_t* dst = out_t + gc * R + gr;
+    if (vec && gr + 16 <= R) {
+      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(b);
+    } else {
+      for (int j = 0; j < 16 && gr + j < R; ++j) dst[j] = b[j];
+    }
   }
 }
 
@@ -114,34 +121,57 @@ struct Vectors {
   bool load, out, out_t;  // 16-byte loads, V-byte row-major stores, 16-byte transposed stores
 };
 
+// max |x| over the finite elements of the sources this thread takes (grid-stride, 16-byte vectors on
+// contiguous sources, four in flight).
+template <typename T>
+__device__ __forceinline__ float SourcesAmax(const Layout& s, bool vec) {
+  constexpr int V = kVec<T>;
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  float m = 0.f;
+  for (int i = 0; i < s.n; ++i) {
+    const T* p = static_cast<const T*>(s.ptr[i]);
+    if (p == nullptr) continue;
+    if (vec && s.ld[i] == s.cols[i]) {
+      const int64_t nv = s.rows[i] * s.cols[i] / V;
+      int64_t v = tid;
+      for (; v + 3 * stride < nv; v += 4 * stride) {
+        Vec<T> x[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) x[u] = LoadVec(p + (v + u * stride) * V);
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+#pragma unroll
+          for (int j = 0; j < V; ++j) m = AbsMaxFinite(m, ToFloat(x[u].v[j]));
+        }
+      }
+      for (; v < nv; v += stride) {
+        const Vec<T> x = LoadVec(p + v * V);
+#pragma unroll
+        for (int j = 0; j < V; ++j) m = AbsMaxFinite(m, ToFloat(x.v[j]));
+      }
+    } else {
+      const int64_t n = s.rows[i] * s.cols[i];
+      for (int64_t e = tid; e < n; e += stride) m = AbsMaxFinite(m, ToFloat(p[(e / s.cols[i]) * s.ld[i] + e % s.cols[i]]));
+    }
+  }
+  return m;
+}
+
 template <typename T, Fp8Format F, bool kCompute>
 __global__ void __launch_bounds__(kThreads)
     Fp8TilesKernel(Layout s, Vectors vec, uint8_t* __restrict__ out, uint8_t* __restrict__ out_t, float* amax,
                    float* scale_inv) {
   constexpr int V = kVec<T>;
-  constexpr int kChunksPerRow = kTile / V;
-  constexpr int kPerThread = kTile * kChunksPerRow / kThreads;
-  __shared__ alignas(16) uint8_t tile[kTile][kTile];
+  constexpr int kChunksPerRow = kTileC / V;
+  constexpr int kPerThread = kTileR * kChunksPerRow / kThreads;
+  __shared__ Tile tile;
   __shared__ float scratch[32];
-  const int64_t tiles_c = CeilDiv(s.C, kTile), tiles = CeilDiv(s.R, kTile) * tiles_c;
-  float f[V];
+  const int64_t tiles_c = CeilDiv(s.C, kTileC), tiles = CeilDiv(s.R, kTileR) * tiles_c;
 
   float scale;
   if constexpr (kCompute) {
-    float m = 0.f;
-    for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-      const int64_t tr = t / tiles_c, tc = t % tiles_c;
-#pragma unroll
-      for (int k = 0; k < kPerThread; ++k) {
-        const int id = threadIdx.x + k * kThreads;
-        const int64_t r = tr * kTile + id / kChunksPerRow, c = tc * kTile + (id % kChunksPerRow) * V;
-        if (r >= s.r0 || c >= s.C) continue;
-        Chunk<T>(s, vec.load, r, c, f);
-#pragma unroll
-        for (int j = 0; j < V; ++j) m = AbsMaxFinite(m, f[j]);
-      }
-    }
-    GridAmax(m, scratch, amax);
+    GridAmax(SourcesAmax<T>(s, vec.load), scratch, amax);
     scale = ScaleFrom<F>(amax, scale_inv);
   } else {
     float a = 0.f;
@@ -155,17 +185,24 @@ __global__ void __launch_bounds__(kThreads)
 
   for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
     const int64_t tr = t / tiles_c, tc = t % tiles_c;
+    Vec<T> x[kPerThread];
+    // All of the tile's loads first (kPerThread 16-byte vectors in flight), then the casts.
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) {
+      const int id = threadIdx.x + k * kThreads;
+      const int64_t r = tr * kTileR + id / kChunksPerRow, c = tc * kTileC + (id % kChunksPerRow) * V;
+      if (r < s.R && c < s.C) x[k] = Chunk<T>(s, vec.load, r, c);
+    }
     __syncthreads();  // the previous tile's transposed stores have read the shared tile
 #pragma unroll
     for (int k = 0; k < kPerThread; ++k) {
       const int id = threadIdx.x + k * kThreads;
       const int lr = id / kChunksPerRow, lc = (id % kChunksPerRow) * V;
-      const int64_t r = tr * kTile + lr, c = tc * kTile + lc;
+      const int64_t r = tr * kTileR + lr, c = tc * kTileC + lc;
       if (r >= s.R || c >= s.C) continue;
-      Chunk<T>(s, vec.load, r, c, f);
       Bytes<V> o;
 #pragma unroll
-      for (int j = 0; j < V; ++j) o.b[j] = ToFp8<F>(__fmul_rn(f[j], scale));
+      for (int j = 0; j < V; ++j) o.b[j] = ToFp8<F>(__fmul_rn(ToFloat(x[k].v[j]), scale));
       if (out != nullptr) {
         uint8_t* dst = out + r * s.C + c;
         if (vec.out) {
@@ -187,19 +224,31 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kThreads)
     TransposeKernel(const uint8_t* __restrict__ in, int64_t R, int64_t C, bool vec_in, bool vec_out,
                     uint8_t* __restrict__ out) {
-  __shared__ alignas(16) uint8_t tile[kTile][kTile];
-  const int64_t tiles_c = CeilDiv(C, kTile), tiles = CeilDiv(R, kTile) * tiles_c;
-  const int lr = threadIdx.x / 4, lc = (threadIdx.x % 4) * 16;
+  constexpr int kChunksPerRow = kTileC / 16;
+  constexpr int kPerThread = kTileR * kChunksPerRow / kThreads;
+  __shared__ Tile tile;
+  const int64_t tiles_c = CeilDiv(C, kTileC), tiles = CeilDiv(R, kTileR) * tiles_c;
   for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
     const int64_t tr = t / tiles_c, tc = t % tiles_c;
-    const int64_t r = tr * kTile + lr, c = tc * kTile + lc;
-    __syncthreads();
-    if (r < R && c < C) {
+    alignas(16) uint8_t b[kPerThread][16];
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) {
+      const int id = threadIdx.x + k * kThreads;
+      const int64_t r = tr * kTileR + id / kChunksPerRow, c = tc * kTileC + (id % kChunksPerRow) * 16;
+      if (r >= R || c >= C) continue;
       if (vec_in) {
-        *reinterpret_cast<uint4*>(&tile[lr][lc]) = *reinterpret_cast<const uint4*>(in + r * C + c);
+        *reinterpret_cast<uint4*>(b[k]) = *reinterpret_cast<const uint4*>(in + r * C + c);
       } else {
-        for (int j = 0; j < 16 && c + j < C; ++j) tile[lr][lc + j] = in[r * C + c + j];
+        for (int j = 0; j < 16 && c + j < C; ++j) b[k][j] = in[r * C + c + j];
       }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) {
+      const int id = threadIdx.x + k * kThreads;
+      const int lr = id / kChunksPerRow, lc = (id % kChunksPerRow) * 16;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) tile[lr][lc + j] = b[k][j];
     }
     __syncthreads();
     StoreTransposed(tile, tr, tc, R, C, vec_out, out);
@@ -209,7 +258,7 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T, Fp8Format F>
 cudaError_t Launch(const DeviceProps& props, const Layout& s, Vectors vec, const Fp8TileCast& p,
                    cudaStream_t stream) {
-  const int64_t tiles = std::max<int64_t>(1, CeilDiv(s.R, kTile) * CeilDiv(s.C, kTile));
+  const int64_t tiles = std::max<int64_t>(1, CeilDiv(s.R, kTileR) * CeilDiv(s.C, kTileC));
   if (p.scale_from == Fp8ScaleFrom::kGiven) {
     const int64_t blocks = std::min(
         tiles, ResidentBlocks(props, reinterpret_cast<const void*>(Fp8TilesKernel<T, F, false>), kThreads));
@@ -279,7 +328,7 @@ cudaError_t Fp8Transpose(const DeviceProps& props, const uint8_t* in, int64_t ro
   if (rows < 0 || cols < 0) return cudaErrorInvalidValue;
   if (rows == 0 || cols == 0) return cudaSuccess;
   if (in == nullptr || out == nullptr) return cudaErrorInvalidValue;
-  const int64_t tiles = CeilDiv(rows, kTile) * CeilDiv(cols, kTile);
+  const int64_t tiles = CeilDiv(rows, kTileR) * CeilDiv(cols, kTileC);
   const int64_t blocks =
       std::min(tiles, ResidentBlocks(props, reinterpret_cast<const void*>(TransposeKernel), kThreads));
   TransposeKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(

@@ -169,6 +169,7 @@ absl::StatusOr<TrainConfig> ToTrainConfig(const ftd::v1::TrainSpec& s) {
   }
   if (s.kernel_tuning().has_fused_projections()) c.kernel_tuning.fused_projections = s.kernel_tuning().fused_projections();
   if (s.kernel_tuning().has_cuda_graphs()) c.kernel_tuning.cuda_graphs = s.kernel_tuning().cuda_graphs();
+  if (s.kernel_tuning().has_fp8_fast_accum()) c.kernel_tuning.fp8_fast_accum = s.kernel_tuning().fp8_fast_accum();
   if (s.has_activation_checkpointing()) {
     const auto a = ParseActivationCheckpointing(s.activation_checkpointing());
     if (!a) {

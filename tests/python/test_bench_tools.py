@@ -154,3 +154,38 @@ def test_trace_breakdown_by_kernel_and_launching_op(tmp_path):
     assert b[bd.IDLE] == pytest.approx(0.2 / 2)
     assert sum(b[c] for c in bd.TRACE_CATEGORIES) + b[bd.IDLE] == pytest.approx(b["wall"])
     assert "ftd-x" in bd.trace_table([("ftd-x", b)])
+
+
+def test_train_bench_peer_timeout_without_limits_runs_a_subprocess():
+    """Without --run-timeout or --budget-s a peer's run has no limit: the timeout handed to subprocess is
+    None (an 'infinite' number made subprocess raise OverflowError: timeout is too large)."""
+    tb = load("train_bench")
+    t = tb.peer_timeout(None, None, 12.0)
+    assert t is None
+    assert subprocess.run([sys.executable, "-c", "pass"], timeout=t).returncode == 0
+    assert tb.peer_timeout(150, None, 0) == 150
+    assert tb.peer_timeout(150, 420, 400) == pytest.approx(20)
+    assert tb.peer_timeout(None, 420, 100) == pytest.approx(320)
+
+
+def test_train_bench_peers_run_without_checkpointing_first(monkeypatch):
+    """A peer runs first as its users run it (no gradient checkpointing); `auto` reruns it with
+    checkpointing only after a real out-of-memory run, and that row is named +gc."""
+    tb = load("train_bench")
+    calls = []
+
+    def fake_run_hf(tokens, b, t, steps, variant, grad_ckpt, timeout=None):
+        calls.append(grad_ckpt)
+        oom = variant == "float8" and not grad_ckpt and b * t > 8192
+        return {"impl": f"hf-{variant}" + ("+gc" if grad_ckpt else ""),
+                "outcome": "OUT_OF_MEMORY" if oom else "SUCCEEDED", "steps": []}
+
+    monkeypatch.setattr(tb, "run_hf", fake_run_hf)
+    assert tb.run_peer("tok", 8, 2048, 3, "hf-float8", "auto")["impl"] == "hf-float8+gc"
+    assert calls == [False, True]
+    calls.clear()
+    assert tb.run_peer("tok", 4, 2048, 3, "hf-float8", "auto")["impl"] == "hf-float8"
+    assert calls == [False]
+    calls.clear()
+    assert tb.run_peer("tok", 8, 2048, 3, "hf-float8", "off")["outcome"] == "OUT_OF_MEMORY"
+    assert calls == [False]

@@ -174,7 +174,7 @@ variable_list ForwardGemms(const Fp8Tensor& x8, at::TensorList ws, WeightCache* 
   variable_list out;
   for (const auto& w : ws) {
     const Fp8Tensor w8 = cache->Cast(w);
-    auto y = MatmulNT(x8, w8, dtype);
+    auto y = MatmulNT(x8, w8, dtype, cache->fast_accum_forward());
     shape.back() = w.size(0);
     out.push_back(y.narrow(0, 0, m).view(shape));
     saved->insert(saved->end(), {w, cache->Stats(w)});
@@ -370,7 +370,7 @@ Fp8Tensor Quantize(const torch::Tensor& x_in, torch::ScalarType dtype) {
   return t;
 }
 
-torch::Tensor MatmulNT(const Fp8Tensor& a, const Fp8Tensor& b, torch::ScalarType out_dtype) {
+torch::Tensor MatmulNT(const Fp8Tensor& a, const Fp8Tensor& b, torch::ScalarType out_dtype, bool fast_accum) {
   TORCH_CHECK(a.data.dim() == 2 && b.data.dim() == 2 && a.data.size(1) == b.data.size(1),
               "fp8 matmul: a [M, K] and b [N, K] (got ", a.data.sizes(), " and ", b.data.sizes(), ")");
   TORCH_CHECK(a.data.size(1) % kAlign == 0 && b.data.size(0) % kAlign == 0,
@@ -384,7 +384,7 @@ torch::Tensor MatmulNT(const Fp8Tensor& a, const Fp8Tensor& b, torch::ScalarType
     return reinterpret_cast<uintptr_t>(s.data_ptr()) % 16 == 0 ? s : s.clone();
   };
   return at::_scaled_mm(a.data.contiguous(), b.data.contiguous().t(), aligned(a.scale_inv), aligned(b.scale_inv),
-                        std::nullopt, std::nullopt, out_dtype, /*use_fast_accum=*/false);
+                        std::nullopt, std::nullopt, out_dtype, fast_accum);
 }
 
 Fp8Tensor WeightCache::Cast(const torch::Tensor& w_in) {
@@ -436,7 +436,7 @@ namespace {
 }  // namespace
 
 Fp8Tensor Quantize(const torch::Tensor&, torch::ScalarType) { Missing(); }
-torch::Tensor MatmulNT(const Fp8Tensor&, const Fp8Tensor&, torch::ScalarType) { Missing(); }
+torch::Tensor MatmulNT(const Fp8Tensor&, const Fp8Tensor&, torch::ScalarType, bool) { Missing(); }
 Fp8Tensor WeightCache::Cast(const torch::Tensor&) { Missing(); }
 torch::Tensor WeightCache::Stats(const torch::Tensor&) const { Missing(); }
 std::vector<torch::Tensor> Linears(const torch::Tensor&, const std::vector<torch::Tensor>&, WeightCache*) { Missing(); }

@@ -35,10 +35,11 @@ struct Fp8Tensor {
 // scaling: scale = fp8_max / amax(x), saturating, NaN/Inf kept non-finite.
 Fp8Tensor Quantize(const torch::Tensor& x, torch::ScalarType dtype);
 
-// (a * a.scale_inv) (b * b.scale_inv)^T in `out_dtype`, fp32 accumulation: a [M, K] and b [N, K] both
-// row-major (b as a linear layer's weight is stored). K and N must be multiples of 16 (cuBLASLt);
-// E5M2 may be on one side only.
-torch::Tensor MatmulNT(const Fp8Tensor& a, const Fp8Tensor& b, torch::ScalarType out_dtype);
+// (a * a.scale_inv) (b * b.scale_inv)^T in `out_dtype`: a [M, K] and b [N, K] both row-major (b as a
+// linear layer's weight is stored). K and N must be multiples of 16 (cuBLASLt); E5M2 may be on one side
+// only. fp32 accumulation; with fast_accum, the tensor cores' partial sums are not promoted to fp32
+// between K blocks (faster, less precise over long K).
+torch::Tensor MatmulNT(const Fp8Tensor& a, const Fp8Tensor& b, torch::ScalarType out_dtype, bool fast_accum = false);
 
 // The weights' amax for the model's FP8 matmuls: computed at a weight's first cast after Invalidate()
 // (the trainer invalidates after each optimizer step, and after a checkpoint load) and reused by every
@@ -52,6 +53,9 @@ class WeightCache {
   // w's [amax, ..., scale_inv, ...] buffer (amax at element 0) of this step; w must have been Cast.
   torch::Tensor Stats(const torch::Tensor& w) const;
   void Invalidate() { ++generation_; }
+  // The forward GEMMs with fast accumulation (spec.kernel_tuning.fp8_fast_accum); the backward's never.
+  void set_fast_accum_forward(bool on) { fast_accum_forward_ = on; }
+  bool fast_accum_forward() const { return fast_accum_forward_; }
 
  private:
   struct Entry {
@@ -60,6 +64,7 @@ class WeightCache {
   };
   std::unordered_map<const void*, Entry> entries_;  // by the weight's TensorImpl
   uint64_t generation_ = 1;
+  bool fast_accum_forward_ = false;
 };
 
 // y_i = x W_i^T for each weight (the projections of one input: q/k/v, gate/up, or one), in FP8, as one

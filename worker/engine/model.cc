@@ -109,6 +109,7 @@ torch::Tensor LlamaModel::Rotate(const torch::Tensor& x, int64_t seq_len, const 
 void LlamaModel::SetKernels(const KernelChoice& k, const spec::KernelTuning& tuning) {
   kernels_ = k;
   tuning_ = tuning;
+  fp8_weights_.set_fast_accum_forward(tuning.fp8_fast_accum);
   if (tuning.fused_projections && !fused_projections_) FuseProjectionWeights();
 }
 
