@@ -8,7 +8,7 @@ A run that runs out of memory is recorded as such and the benchmark goes on.
 
 ftd impls: a kernel set with options joined by `+`: `fused+ac=selective` (spec.activation_checkpointing),
 `fused+es` (spec.expandable_segments), `fused+fp` (spec.kernel_tuning.fused_projections),
-`fused+fcl=N` (spec.full_checkpoint_layers), `fused+nc` (optimizer.grad_clip 0), `fp8+nfa` (kernel_tuning.fp8_fast_accum false), `fused+ov`
+`fused+fcl=N` (spec.full_checkpoint_layers), `fused+nc` (optimizer.grad_clip 0), `fp8+fa` (kernel_tuning.fp8_fast_accum), `fused+ov`
 (spec.optimizer.overlap, which needs grad_clip 0: nc implied), `fused+cg` (spec.kernel_tuning.cuda_graphs), e.g. `fused+ac=full+es` or `fused+ac=selective+fcl=16`.
 Peers: `hf` (HF eager, sdpa, fused AdamW), `hf-compile` (torch.compile), `hf-liger` (Liger-Kernel), `hf-float8` (torchao float8 training + torch.compile). Each peer
 runs first as its users run it, without gradient checkpointing; --peer-gc auto (default) reruns a peer that
@@ -98,12 +98,12 @@ def ftd_options(impl):
             extra.setdefault("kernel_tuning", {})["cuda_graphs"] = True
         elif key == "nc" and not value:
             extra.setdefault("optimizer", {})["grad_clip"] = 0
-        elif key == "nfa" and not value:
-            extra.setdefault("kernel_tuning", {})["fp8_fast_accum"] = False
+        elif key == "fa" and not value:
+            extra.setdefault("kernel_tuning", {})["fp8_fast_accum"] = True
         elif key == "ov" and not value:
             extra.setdefault("optimizer", {}).update(grad_clip=0, overlap=True)
         else:
-            sys.exit(f"train_bench: unknown option {o!r} in impl {impl!r} (ac=none|selective|full, es, fp, fcl=N, nc, ov, cg, nfa)")
+            sys.exit(f"train_bench: unknown option {o!r} in impl {impl!r} (ac=none|selective|full, es, fp, fcl=N, nc, ov, cg, fa)")
     return extra
 
 

@@ -15,20 +15,19 @@
 //     scale_inv: (=) 1 / scale, scale = min(Fp8Max / amax, FLT_MAX) or 1 when amax is 0
 //     Values: fp8(S * scale), the product in fp32, round to nearest even, saturating; NaN and +-Inf
 //     become kFp8NaN (Fp8CastAmax's rules exactly, so given the scale the bytes are the reference's).
-//     kCompute is one cooperative launch: every block takes tiles by grid stride, computes its share of
-//     the amax, the grid syncs (fp8_common.cuh's GridAmax), then the same tiles are read again and cast.
-//     kGiven is a plain launch with the cast pass only.
+//     kCompute is two launches: the amax of the sources (grid stride, atomicMax), then the tiles, scaled
+//     by it; kGiven is the tiles' launch alone.
 //   Fp8Transpose: out [C, R] = in [R, C], bytes.
 //
-// Tiles: 64 rows x 128 columns, 256 threads, every load of a tile issued before its first cast. The amax
-// pass reads the sources by grid stride, four 16-byte vectors in flight. Loads: 16-byte vectors (8 bf16 / 4 fp32 / 16 fp8 elements)
+// Tiles: one a block, 256 threads; 64 x 64 elements for the casts, 64 x 128 bytes for the transpose; every
+// load of a tile issued before its first cast. Loads: 16-byte vectors (8 bf16 / 4 fp32 / 16 fp8 elements)
 // when every source pointer is 16-byte aligned and every leading dimension and source width is a
 // multiple of the vector (a vector then never straddles two sources), else element by element with the
 // source looked up per element. Row-major stores: the vector's bytes in one store when C is a multiple
 // of the vector and out is 16-byte aligned. Transposed stores: four consecutive threads gather the 64
-// bytes of one column of the shared tile (its rows 129 bytes apart, so the gathers hit distinct banks)
-// and store them 16 bytes each when R is a multiple of 16 and out_t is 16-byte aligned; bytewise
-// otherwise. Tiles at the right and bottom edges are bounds-checked.
+// bytes of one column of the shared tile (its rows a byte more than the tile's width apart, so the
+// gathers hit distinct banks) and store them 16 bytes each when R is a multiple of 16 and out_t is
+// 16-byte aligned; bytewise otherwise. Tiles at the right and bottom edges are bounds-checked.
 #include <algorithm>
 #include <cfloat>
 
@@ -41,11 +40,13 @@ namespace {
 
 using namespace detail;
 
-constexpr int kTileR = 64;   // rows of S in a tile
-constexpr int kTileC = 128;  // columns of S in a tile
-constexpr int kPitch = kTileC + 1;  // bytes between the shared tile's rows: the column gathers hit distinct banks
 constexpr int kThreads = 256;
-using Tile = uint8_t[kTileR][kPitch];
+constexpr int kTileR = 64;  // rows of a tile; each block takes one tile
+
+// A tile of kTileR rows and TC bytes, its rows TC + 1 bytes apart so that a column's gather hits
+// distinct banks.
+template <int TC>
+using Tile = uint8_t[kTileR][TC + 1];
 
 // The sources as the kernel reads them: each source's offset along the concatenated dimension.
 struct Layout {
@@ -94,16 +95,16 @@ __device__ __forceinline__ Vec<T> Chunk(const Layout& s, bool vec, int64_t r, in
   return v;
 }
 
-// Writes the shared tile at (tr, tc) to out_t ([C, R]): each of its kTileC columns is kTileR = 64 bytes
-// of an output row, written by 4 consecutive threads, 16 bytes each (a warp writes 8 whole 64-byte row
-// pieces).
-__device__ __forceinline__ void StoreTransposed(const Tile& tile, int64_t tr, int64_t tc, int64_t R, int64_t C,
+// Writes the shared tile at (tr, tc) to out_t ([C, R]): each of its TC columns is kTileR = 64 bytes of
+// an output row, written by 4 consecutive threads, 16 bytes each (a warp writes 8 whole 64-byte pieces).
+template <int TC>
+__device__ __forceinline__ void StoreTransposed(const Tile<TC>& tile, int64_t tr, int64_t tc, int64_t R, int64_t C,
                                                bool vec, uint8_t* out_t) {
 #pragma unroll
-  for (int k = 0; k < kTileC * 4 / kThreads; ++k) {
+  for (int k = 0; k < TC * 4 / kThreads; ++k) {
     const int id = threadIdx.x + k * kThreads;
     const int cc = id / 4, rr = (id % 4) * 16;
-    const int64_t gc = tc * kTileC + cc, gr = tr * kTileR + rr;
+    const int64_t gc = tc * TC + cc, gr = tr * kTileR + rr;
     if (gc >= C || gr >= R) continue;
     alignas(16) uint8_t b[16];
 #pragma unroll
@@ -121,11 +122,12 @@ struct Vectors {
   bool load, out, out_t;  // 16-byte loads, V-byte row-major stores, 16-byte transposed stores
 };
 
-// max |x| over the finite elements of the sources this thread takes (grid-stride, 16-byte vectors on
-// contiguous sources, four in flight).
+// amax (+=, atomicMax on the fp32 bits; zeroed before): max |x| over the finite elements of the sources,
+// by grid stride, 16-byte vectors on contiguous sources, four in flight.
 template <typename T>
-__device__ __forceinline__ float SourcesAmax(const Layout& s, bool vec) {
+__global__ void __launch_bounds__(kThreads) SourcesAmaxKernel(Layout s, bool vec, float* amax) {
   constexpr int V = kVec<T>;
+  __shared__ float scratch[32];
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
   float m = 0.f;
@@ -155,127 +157,116 @@ __device__ __forceinline__ float SourcesAmax(const Layout& s, bool vec) {
       for (int64_t e = tid; e < n; e += stride) m = AbsMaxFinite(m, ToFloat(p[(e / s.cols[i]) * s.ld[i] + e % s.cols[i]]));
     }
   }
-  return m;
+  m = BlockMax(m, scratch);
+  if (threadIdx.x == 0 && m > 0.f) atomicMax(reinterpret_cast<int*>(amax), __float_as_int(m));
 }
 
-template <typename T, Fp8Format F, bool kCompute>
+// One 64 x 64 tile of S a block: the scale from the largest of the sources' amax values (amax_out (=) that
+// value, unless null), the tile's loads all issued before the first cast, the row-major bytes stored
+// directly and the transposed ones through the shared tile.
+template <typename T, Fp8Format F>
 __global__ void __launch_bounds__(kThreads)
-    Fp8TilesKernel(Layout s, Vectors vec, uint8_t* __restrict__ out, uint8_t* __restrict__ out_t, float* amax,
+    Fp8TilesKernel(Layout s, Vectors vec, uint8_t* __restrict__ out, uint8_t* __restrict__ out_t, float* amax_out,
                    float* scale_inv) {
+  constexpr int TC = 64;
   constexpr int V = kVec<T>;
-  constexpr int kChunksPerRow = kTileC / V;
+  constexpr int kChunksPerRow = TC / V;
   constexpr int kPerThread = kTileR * kChunksPerRow / kThreads;
-  __shared__ Tile tile;
-  __shared__ float scratch[32];
-  const int64_t tiles_c = CeilDiv(s.C, kTileC), tiles = CeilDiv(s.R, kTileR) * tiles_c;
-
-  float scale;
-  if constexpr (kCompute) {
-    GridAmax(SourcesAmax<T>(s, vec.load), scratch, amax);
-    scale = ScaleFrom<F>(amax, scale_inv);
-  } else {
-    float a = 0.f;
-    for (int i = 0; i < s.n; ++i) a = fmaxf(a, __ldg(s.amax[i]));
-    scale = ScaleOf<F>(a);
-    if (blockIdx.x == 0 && threadIdx.x == 0) {
-      *amax = a;
-      *scale_inv = __fdiv_rn(1.f, scale);
-    }
+  __shared__ Tile<TC> tile;
+  const int64_t tiles_c = std::max<int64_t>(1, CeilDiv(s.C, TC));
+  const int64_t tr = blockIdx.x / tiles_c, tc = blockIdx.x % tiles_c;
+  Vec<T> x[kPerThread];
+#pragma unroll
+  for (int k = 0; k < kPerThread; ++k) {
+    const int id = threadIdx.x + k * kThreads;
+    const int64_t r = tr * kTileR + id / kChunksPerRow, c = tc * TC + (id % kChunksPerRow) * V;
+    if (r < s.R && c < s.C) x[k] = Chunk<T>(s, vec.load, r, c);
   }
-
-  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-    const int64_t tr = t / tiles_c, tc = t % tiles_c;
-    Vec<T> x[kPerThread];
-    // All of the tile's loads first (kPerThread 16-byte vectors in flight), then the casts.
+  float a = 0.f;
+  for (int i = 0; i < s.n; ++i) a = fmaxf(a, __ldg(s.amax[i]));
+  const float scale = ScaleOf<F>(a);
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    if (amax_out != nullptr) *amax_out = a;
+    *scale_inv = __fdiv_rn(1.f, scale);
+  }
 #pragma unroll
-    for (int k = 0; k < kPerThread; ++k) {
-      const int id = threadIdx.x + k * kThreads;
-      const int64_t r = tr * kTileR + id / kChunksPerRow, c = tc * kTileC + (id % kChunksPerRow) * V;
-      if (r < s.R && c < s.C) x[k] = Chunk<T>(s, vec.load, r, c);
-    }
-    __syncthreads();  // the previous tile's transposed stores have read the shared tile
+  for (int k = 0; k < kPerThread; ++k) {
+    const int id = threadIdx.x + k * kThreads;
+    const int lr = id / kChunksPerRow, lc = (id % kChunksPerRow) * V;
+    const int64_t r = tr * kTileR + lr, c = tc * TC + lc;
+    if (r >= s.R || c >= s.C) continue;
+    Bytes<V> o;
 #pragma unroll
-    for (int k = 0; k < kPerThread; ++k) {
-      const int id = threadIdx.x + k * kThreads;
-      const int lr = id / kChunksPerRow, lc = (id % kChunksPerRow) * V;
-      const int64_t r = tr * kTileR + lr, c = tc * kTileC + lc;
-      if (r >= s.R || c >= s.C) continue;
-      Bytes<V> o;
-#pragma unroll
-      for (int j = 0; j < V; ++j) o.b[j] = ToFp8<F>(__fmul_rn(ToFloat(x[k].v[j]), scale));
-      if (out != nullptr) {
-        uint8_t* dst = out + r * s.C + c;
-        if (vec.out) {
-          *reinterpret_cast<Bytes<V>*>(dst) = o;
-        } else {
-          for (int j = 0; j < V && c + j < s.C; ++j) dst[j] = o.b[j];
-        }
+    for (int j = 0; j < V; ++j) o.b[j] = ToFp8<F>(__fmul_rn(ToFloat(x[k].v[j]), scale));
+    if (out != nullptr) {
+      uint8_t* dst = out + r * s.C + c;
+      if (vec.out) {
+        *reinterpret_cast<Bytes<V>*>(dst) = o;
+      } else {
+        for (int j = 0; j < V && c + j < s.C; ++j) dst[j] = o.b[j];
       }
+    }
 #pragma unroll
-      for (int j = 0; j < V; ++j) tile[lr][lc + j] = o.b[j];
-    }
-    if (out_t != nullptr) {
-      __syncthreads();
-      StoreTransposed(tile, tr, tc, s.R, s.C, vec.out_t, out_t);
-    }
+    for (int j = 0; j < V; ++j) tile[lr][lc + j] = o.b[j];
+  }
+  if (out_t != nullptr) {
+    __syncthreads();
+    StoreTransposed<TC>(tile, tr, tc, s.R, s.C, vec.out_t, out_t);
   }
 }
 
+// One 64 x 128 tile of bytes a block.
 __global__ void __launch_bounds__(kThreads)
     TransposeKernel(const uint8_t* __restrict__ in, int64_t R, int64_t C, bool vec_in, bool vec_out,
                     uint8_t* __restrict__ out) {
-  constexpr int kChunksPerRow = kTileC / 16;
+  constexpr int TC = 128;
+  constexpr int kChunksPerRow = TC / 16;
   constexpr int kPerThread = kTileR * kChunksPerRow / kThreads;
-  __shared__ Tile tile;
-  const int64_t tiles_c = CeilDiv(C, kTileC), tiles = CeilDiv(R, kTileR) * tiles_c;
-  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-    const int64_t tr = t / tiles_c, tc = t % tiles_c;
-    alignas(16) uint8_t b[kPerThread][16];
+  __shared__ Tile<TC> tile;
+  const int64_t tiles_c = CeilDiv(C, TC);
+  const int64_t tr = blockIdx.x / tiles_c, tc = blockIdx.x % tiles_c;
+  alignas(16) uint8_t b[kPerThread][16];
 #pragma unroll
-    for (int k = 0; k < kPerThread; ++k) {
-      const int id = threadIdx.x + k * kThreads;
-      const int64_t r = tr * kTileR + id / kChunksPerRow, c = tc * kTileC + (id % kChunksPerRow) * 16;
-      if (r >= R || c >= C) continue;
-      if (vec_in) {
-        *reinterpret_cast<uint4*>(b[k]) = *reinterpret_cast<const uint4*>(in + r * C + c);
-      } else {
-        for (int j = 0; j < 16 && c + j < C; ++j) b[k][j] = in[r * C + c + j];
-      }
+  for (int k = 0; k < kPerThread; ++k) {
+    const int id = threadIdx.x + k * kThreads;
+    const int64_t r = tr * kTileR + id / kChunksPerRow, c = tc * TC + (id % kChunksPerRow) * 16;
+    if (r >= R || c >= C) continue;
+    if (vec_in) {
+      *reinterpret_cast<uint4*>(b[k]) = *reinterpret_cast<const uint4*>(in + r * C + c);
+    } else {
+      for (int j = 0; j < 16 && c + j < C; ++j) b[k][j] = in[r * C + c + j];
     }
-    __syncthreads();
-#pragma unroll
-    for (int k = 0; k < kPerThread; ++k) {
-      const int id = threadIdx.x + k * kThreads;
-      const int lr = id / kChunksPerRow, lc = (id % kChunksPerRow) * 16;
-#pragma unroll
-      for (int j = 0; j < 16; ++j) tile[lr][lc + j] = b[k][j];
-    }
-    __syncthreads();
-    StoreTransposed(tile, tr, tc, R, C, vec_out, out);
   }
+#pragma unroll
+  for (int k = 0; k < kPerThread; ++k) {
+    const int id = threadIdx.x + k * kThreads;
+    const int lr = id / kChunksPerRow, lc = (id % kChunksPerRow) * 16;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) tile[lr][lc + j] = b[k][j];
+  }
+  __syncthreads();
+  StoreTransposed<TC>(tile, tr, tc, R, C, vec_out, out);
 }
 
 template <typename T, Fp8Format F>
-cudaError_t Launch(const DeviceProps& props, const Layout& s, Vectors vec, const Fp8TileCast& p,
-                   cudaStream_t stream) {
-  const int64_t tiles = std::max<int64_t>(1, CeilDiv(s.R, kTileR) * CeilDiv(s.C, kTileC));
-  if (p.scale_from == Fp8ScaleFrom::kGiven) {
-    const int64_t blocks = std::min(
-        tiles, ResidentBlocks(props, reinterpret_cast<const void*>(Fp8TilesKernel<T, F, false>), kThreads));
-    Fp8TilesKernel<T, F, false>
-        <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(s, vec, p.out, p.out_t, p.amax, p.scale_inv);
-    return cudaGetLastError();
+cudaError_t Launch(const DeviceProps& props, Layout s, Vectors vec, const Fp8TileCast& p, cudaStream_t stream) {
+  float* amax_out = p.amax;
+  if (p.scale_from == Fp8ScaleFrom::kCompute) {
+    // The amax first (its own launch), then the tiles scaled by it.
+    if (const cudaError_t e = cudaMemsetAsync(p.amax, 0, sizeof(float), stream); e != cudaSuccess) return e;
+    const int64_t n = s.r0 * s.C;
+    const int64_t blocks = std::clamp<int64_t>(CeilDiv(n, kThreads * kVec<T> * 4), 1,
+                                               4 * ResidentBlocks(props, reinterpret_cast<const void*>(SourcesAmaxKernel<T>), kThreads));
+    SourcesAmaxKernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(s, vec.load, p.amax);
+    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+    for (int i = 0; i < s.n; ++i) s.amax[i] = p.amax;
+    amax_out = nullptr;
   }
-  const void* kernel = reinterpret_cast<const void*>(Fp8TilesKernel<T, F, true>);
-  const int64_t blocks = std::clamp<int64_t>(tiles, 1, ResidentBlocks(props, kernel, kThreads));
-  if (const cudaError_t e = cudaMemsetAsync(p.amax, 0, sizeof(float), stream); e != cudaSuccess) return e;
-  Layout sl = s;
-  uint8_t* out = p.out;
-  uint8_t* out_t = p.out_t;
-  float* amax = p.amax;
-  float* scale_inv = p.scale_inv;
-  void* args[] = {&sl, &vec, &out, &out_t, &amax, &scale_inv};
-  return cudaLaunchCooperativeKernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), args, 0, stream);
+  // At least one block: with nothing to cast it still writes the scale.
+  const int64_t tiles = std::max<int64_t>(1, CeilDiv(s.R, kTileR) * CeilDiv(s.C, 64));
+  Fp8TilesKernel<T, F><<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(s, vec, p.out, p.out_t, amax_out,
+                                                                              p.scale_inv);
+  return cudaGetLastError();
 }
 
 template <typename T>
@@ -328,10 +319,8 @@ cudaError_t Fp8Transpose(const DeviceProps& props, const uint8_t* in, int64_t ro
   if (rows < 0 || cols < 0) return cudaErrorInvalidValue;
   if (rows == 0 || cols == 0) return cudaSuccess;
   if (in == nullptr || out == nullptr) return cudaErrorInvalidValue;
-  const int64_t tiles = CeilDiv(rows, kTileR) * CeilDiv(cols, kTileC);
-  const int64_t blocks =
-      std::min(tiles, ResidentBlocks(props, reinterpret_cast<const void*>(TransposeKernel), kThreads));
-  TransposeKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+  const int64_t tiles = CeilDiv(rows, kTileR) * CeilDiv(cols, 128);
+  TransposeKernel<<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(
       in, rows, cols, cols % 16 == 0 && Aligned16(in), rows % 16 == 0 && Aligned16(out), out);
   return cudaGetLastError();
 }

@@ -36,9 +36,9 @@ struct Fp8Source {
 // R = rows_out >= R0: the rows R0..R-1 are zeros (a token count padded to a multiple of 16).
 enum class Fp8Concat { kCols, kRows };
 
-// kCompute: amax (=) max |S| over its finite elements, computed in the launch (cooperative: every block
-// resident, a grid sync between the amax and the cast). kGiven: amax (=) the largest of the sources'
-// amax values, which the caller computed before (the scale of a weight known from its forward cast).
+// kCompute: amax (=) max |S| over its finite elements, computed first (a launch of its own), then the
+// cast. kGiven: amax (=) the largest of the sources' amax values, which the caller computed before (the
+// scale of a weight known from its forward cast).
 enum class Fp8ScaleFrom { kCompute, kGiven };
 
 struct Fp8TileCast {

@@ -119,7 +119,7 @@ struct KernelTuning {
   int32_t linear_cross_entropy_chunk_rows = 0;  // rows per logits chunk; 0: kDefaultLinearCrossEntropyChunkRows
   bool fused_projections = false;               // one GEMM for q/k/v and one for gate/up
   bool cuda_graphs = false;                     // forward+backward replayed as one CUDA graph
-  bool fp8_fast_accum = true;                   // FP8 forward GEMMs without fp32 promotion between K blocks
+  bool fp8_fast_accum = false;                  // FP8 forward GEMMs without fp32 promotion between K blocks
   int32_t LinearCrossEntropyChunkRows() const {
     return linear_cross_entropy_chunk_rows > 0 ? linear_cross_entropy_chunk_rows : kDefaultLinearCrossEntropyChunkRows;
   }
