@@ -209,7 +209,7 @@ for stage in "${stages[@]}"; do
       # on the same categories (bench/profile_breakdown.py --trace); traces gzipped under $out/fp8-breakdown.
       d=$out/fp8-breakdown; mkdir -p "$d"
       shape=${FP8_BREAKDOWN_SHAPE:-4x2048}; b=${shape%x*}; t=${shape#*x}
-      for ks in fp8 fused; do
+      for ks in ${FP8_BREAKDOWN_SETS:-fp8 fused}; do
         stamp "PROFILE job: $ks set at $shape"
         python3 bench/profile_breakdown.py --build "$build" --out "$d" --shapes "$shape" --kernel-set "$ks" \
           --trace-dir "$d" ${BREAKDOWN_ARGS:-} > "$d/breakdown-$ks.log" 2>&1 || rc=1
