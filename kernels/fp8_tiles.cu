@@ -1,4 +1,4 @@
-// FP8 casts in 128x128 tiles: concatenated sources, row-major and transposed outputs in one launch; and
+// FP8 casts in 64x64 tiles: concatenated sources, row-major and transposed outputs in one launch; and
 // the FP8 byte transpose.
 //
 // Why: cuBLASLt's FP8 GEMMs on Hopper take both operands K-major ("TN"), so the backward of y = x W^T
@@ -19,12 +19,12 @@
 //     by it; kGiven is the tiles' launch alone.
 //   Fp8Transpose: out [C, R] = in [R, C], bytes.
 //
-// Tiles: one a block, 256 threads, 128 x 128 elements, so that every store is a whole 128-byte line piece
-// in both layouts; every load of a tile issued before its first cast. Loads: 16-byte vectors (8 bf16 / 4 fp32 / 16 fp8 elements)
+// Tiles: one a block, 256 threads; 64 x 64 elements for the casts, 64 x 128 bytes for the transpose; every
+// load of a tile issued before its first cast. Loads: 16-byte vectors (8 bf16 / 4 fp32 / 16 fp8 elements)
 // when every source pointer is 16-byte aligned and every leading dimension and source width is a
 // multiple of the vector (a vector then never straddles two sources), else element by element with the
 // source looked up per element. Row-major stores: the vector's bytes in one store when C is a multiple
-// of the vector and out is 16-byte aligned. Transposed stores: eight consecutive threads gather the 128
+// of the vector and out is 16-byte aligned. Transposed stores: four consecutive threads gather the 64
 // bytes of one column of the shared tile (its rows a byte more than the tile's width apart, so the
 // gathers hit distinct banks) and store them 16 bytes each when R is a multiple of 16 and out_t is
 // 16-byte aligned; bytewise otherwise. Tiles at the right and bottom edges are bounds-checked.
@@ -41,11 +41,12 @@ namespace {
 using namespace detail;
 
 constexpr int kThreads = 256;
-constexpr int kTileR = 128;  // rows of a tile (each block takes one): a transposed row piece is 128 bytes
-constexpr int kTileC = 128;  // columns of a tile: a row-major row piece is 128 bytes
+constexpr int kTileR = 64;  // rows of a tile; each block takes one tile
 
-// A tile of FP8 bytes, its rows kTileC + 1 bytes apart so that a column's gather hits distinct banks.
-using Tile = uint8_t[kTileR][kTileC + 1];
+// A tile of kTileR rows and TC bytes, its rows TC + 1 bytes apart so that a column's gather hits
+// distinct banks.
+template <int TC>
+using Tile = uint8_t[kTileR][TC + 1];
 
 // The sources as the kernel reads them: each source's offset along the concatenated dimension.
 struct Layout {
@@ -94,16 +95,16 @@ __device__ __forceinline__ Vec<T> Chunk(const Layout& s, bool vec, int64_t r, in
   return v;
 }
 
-// Writes the shared tile at (tr, tc) to out_t ([C, R]): each of its kTileC columns is a kTileR-byte
-// piece of an output row, written by kTileR / 16 consecutive threads, 16 bytes each.
-__device__ __forceinline__ void StoreTransposed(const Tile& tile, int64_t tr, int64_t tc, int64_t R, int64_t C,
+// Writes the shared tile at (tr, tc) to out_t ([C, R]): each of its TC columns is kTileR = 64 bytes of
+// an output row, written by 4 consecutive threads, 16 bytes each (a warp writes 8 whole 64-byte pieces).
+template <int TC>
+__device__ __forceinline__ void StoreTransposed(const Tile<TC>& tile, int64_t tr, int64_t tc, int64_t R, int64_t C,
                                                bool vec, uint8_t* out_t) {
-  constexpr int kPerRow = kTileR / 16;
 #pragma unroll
-  for (int k = 0; k < kTileC * kPerRow / kThreads; ++k) {
+  for (int k = 0; k < TC * 4 / kThreads; ++k) {
     const int id = threadIdx.x + k * kThreads;
-    const int cc = id / kPerRow, rr = (id % kPerRow) * 16;
-    const int64_t gc = tc * kTileC + cc, gr = tr * kTileR + rr;
+    const int cc = id / 4, rr = (id % 4) * 16;
+    const int64_t gc = tc * TC + cc, gr = tr * kTileR + rr;
     if (gc >= C || gr >= R) continue;
     alignas(16) uint8_t b[16];
 #pragma unroll
@@ -160,18 +161,18 @@ __global__ void __launch_bounds__(kThreads) SourcesAmaxKernel(Layout s, bool vec
   if (threadIdx.x == 0 && m > 0.f) atomicMax(reinterpret_cast<int*>(amax), __float_as_int(m));
 }
 
-// One kTileR x kTileC tile of S a block: the scale from the largest of the sources' amax values (amax_out (=) that
+// One 64 x 64 tile of S a block: the scale from the largest of the sources' amax values (amax_out (=) that
 // value, unless null), the tile's loads all issued before the first cast, the row-major bytes stored
 // directly and the transposed ones through the shared tile.
 template <typename T, Fp8Format F>
 __global__ void __launch_bounds__(kThreads)
     Fp8TilesKernel(Layout s, Vectors vec, uint8_t* __restrict__ out, uint8_t* __restrict__ out_t, float* amax_out,
                    float* scale_inv) {
-  constexpr int TC = kTileC;
+  constexpr int TC = 64;
   constexpr int V = kVec<T>;
   constexpr int kChunksPerRow = TC / V;
   constexpr int kPerThread = kTileR * kChunksPerRow / kThreads;
-  __shared__ Tile tile;
+  __shared__ Tile<TC> tile;
   const int64_t tiles_c = std::max<int64_t>(1, CeilDiv(s.C, TC));
   const int64_t tr = blockIdx.x / tiles_c, tc = blockIdx.x % tiles_c;
   Vec<T> x[kPerThread];
@@ -210,18 +211,18 @@ __global__ void __launch_bounds__(kThreads)
   }
   if (out_t != nullptr) {
     __syncthreads();
-    StoreTransposed(tile, tr, tc, s.R, s.C, vec.out_t, out_t);
+    StoreTransposed<TC>(tile, tr, tc, s.R, s.C, vec.out_t, out_t);
   }
 }
 
-// One kTileR x kTileC tile of bytes a block.
+// One 64 x 128 tile of bytes a block.
 __global__ void __launch_bounds__(kThreads)
     TransposeKernel(const uint8_t* __restrict__ in, int64_t R, int64_t C, bool vec_in, bool vec_out,
                     uint8_t* __restrict__ out) {
-  constexpr int TC = kTileC;
+  constexpr int TC = 128;
   constexpr int kChunksPerRow = TC / 16;
   constexpr int kPerThread = kTileR * kChunksPerRow / kThreads;
-  __shared__ Tile tile;
+  __shared__ Tile<TC> tile;
   const int64_t tiles_c = CeilDiv(C, TC);
   const int64_t tr = blockIdx.x / tiles_c, tc = blockIdx.x % tiles_c;
   alignas(16) uint8_t b[kPerThread][16];
@@ -244,7 +245,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = 0; j < 16; ++j) tile[lr][lc + j] = b[k][j];
   }
   __syncthreads();
-  StoreTransposed(tile, tr, tc, R, C, vec_out, out);
+  StoreTransposed<TC>(tile, tr, tc, R, C, vec_out, out);
 }
 
 template <typename T, Fp8Format F>
@@ -262,7 +263,7 @@ cudaError_t Launch(const DeviceProps& props, Layout s, Vectors vec, const Fp8Til
     amax_out = nullptr;
   }
   // At least one block: with nothing to cast it still writes the scale.
-  const int64_t tiles = std::max<int64_t>(1, CeilDiv(s.R, kTileR) * CeilDiv(s.C, kTileC));
+  const int64_t tiles = std::max<int64_t>(1, CeilDiv(s.R, kTileR) * CeilDiv(s.C, 64));
   Fp8TilesKernel<T, F><<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(s, vec, p.out, p.out_t, amax_out,
                                                                               p.scale_inv);
   return cudaGetLastError();
@@ -318,7 +319,7 @@ cudaError_t Fp8Transpose(const DeviceProps& props, const uint8_t* in, int64_t ro
   if (rows < 0 || cols < 0) return cudaErrorInvalidValue;
   if (rows == 0 || cols == 0) return cudaSuccess;
   if (in == nullptr || out == nullptr) return cudaErrorInvalidValue;
-  const int64_t tiles = CeilDiv(rows, kTileR) * CeilDiv(cols, kTileC);
+  const int64_t tiles = CeilDiv(rows, kTileR) * CeilDiv(cols, 128);
   TransposeKernel<<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(
       in, rows, cols, cols % 16 == 0 && Aligned16(in), rows % 16 == 0 && Aligned16(out), out);
   return cudaGetLastError();
