@@ -94,7 +94,9 @@ def main():
             batch = windows[s * args.batch:(s + 1) * args.batch].cuda(non_blocking=True)
             ev[0].record()
             if args.variant == "liger":
-                loss = model(input_ids=batch[:, :-1], shift_labels=batch[:, 1:]).loss
+                # Contiguous ids and labels: Liger's fused linear cross-entropy views the labels flat, which a
+                # column slice of the batch does not allow ("view size is not compatible ...").
+                loss = model(input_ids=batch[:, :-1].contiguous(), shift_labels=batch[:, 1:].contiguous()).loss
             else:
                 logits = model(input_ids=batch[:, :-1]).logits
                 loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1))
