@@ -43,10 +43,20 @@ using namespace detail;
 constexpr int kThreads = 256;
 constexpr int kTileR = 64;  // rows of a tile; each block takes one tile
 
-// A tile of kTileR rows and TC bytes, its rows TC + 1 bytes apart so that a column's gather hits
-// distinct banks.
+// A tile of kTileR rows and TC bytes held as 32-bit words, its rows TC + 4 bytes apart (an odd number of
+// words, so that the words of one column in rows 4 apart spread over the banks).
 template <int TC>
-using Tile = uint8_t[kTileR][TC + 1];
+using Tile = uint32_t[kTileR][TC / 4 + 1];
+
+// V bytes (V = 4, 8 or 16) into row r of the tile at byte column c (a multiple of V), as words.
+template <int TC, int V>
+__device__ __forceinline__ void PutBytes(Tile<TC>& tile, int r, int c, const uint8_t* b) {
+#pragma unroll
+  for (int w = 0; w < V / 4; ++w) {
+    tile[r][c / 4 + w] = static_cast<uint32_t>(b[4 * w]) | static_cast<uint32_t>(b[4 * w + 1]) << 8 |
+                         static_cast<uint32_t>(b[4 * w + 2]) << 16 | static_cast<uint32_t>(b[4 * w + 3]) << 24;
+  }
+}
 
 // The sources as the kernel reads them: each source's offset along the concatenated dimension.
 struct Layout {
@@ -95,25 +105,35 @@ __device__ __forceinline__ Vec<T> Chunk(const Layout& s, bool vec, int64_t r, in
   return v;
 }
 
-// Writes the shared tile at (tr, tc) to out_t ([C, R]): each of its TC columns is kTileR = 64 bytes of
-// an output row, written by 4 consecutive threads, 16 bytes each (a warp writes 8 whole 64-byte pieces).
+// Writes the shared tile at (tr, tc) to out_t ([C, R]). A thread takes 4 rows x 4 columns: four word
+// loads, a 4 x 4 byte transpose in registers (__byte_perm), and four 4-byte stores, one into each of
+// the 4 output rows; the 16 threads of a half-warp take the 16 row groups of one word column, so each
+// output row's 64 bytes are written by consecutive threads.
 template <int TC>
 __device__ __forceinline__ void StoreTransposed(const Tile<TC>& tile, int64_t tr, int64_t tc, int64_t R, int64_t C,
                                                bool vec, uint8_t* out_t) {
+  constexpr int kGroups = kTileR / 4;  // row groups of 4
 #pragma unroll
-  for (int k = 0; k < TC * 4 / kThreads; ++k) {
+  for (int k = 0; k < kGroups * (TC / 4) / kThreads; ++k) {
     const int id = threadIdx.x + k * kThreads;
-    const int cc = id / 4, rr = (id % 4) * 16;
-    const int64_t gc = tc * TC + cc, gr = tr * kTileR + rr;
+    const int rg = id % kGroups, cw = id / kGroups;
+    const int64_t gr = tr * kTileR + 4 * rg, gc = tc * TC + 4 * cw;
     if (gc >= C || gr >= R) continue;
-    alignas(16) uint8_t b[16];
+    const uint32_t a0 = tile[4 * rg][cw], a1 = tile[4 * rg + 1][cw], a2 = tile[4 * rg + 2][cw],
+                   a3 = tile[4 * rg + 3][cw];
+    const uint32_t t0 = __byte_perm(a0, a1, 0x5140), t1 = __byte_perm(a0, a1, 0x7362);
+    const uint32_t t2 = __byte_perm(a2, a3, 0x5140), t3 = __byte_perm(a2, a3, 0x7362);
+    const uint32_t col[4] = {__byte_perm(t0, t2, 0x5410), __byte_perm(t0, t2, 0x7632), __byte_perm(t1, t3, 0x5410),
+                             __byte_perm(t1, t3, 0x7632)};  // col[j]: rows gr..gr+3 of column gc + j
 #pragma unroll
-    for (int j = 0; j < 16; ++j) b[j] = tile[rr + j][cc];
-    uint8_t* dst = out_t + gc * R + gr;
-    if (vec && gr + 16 <= R) {
-      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(b);
-    } else {
-      for (int j = 0; j < 16 && gr + j < R; ++j) dst[j] = b[j];
+    for (int j = 0; j < 4; ++j) {
+      if (gc + j >= C) break;
+      uint8_t* dst = out_t + (gc + j) * R + gr;
+      if (vec && gr + 4 <= R) {
+        *reinterpret_cast<uint32_t*>(dst) = col[j];
+      } else {
+        for (int q = 0; q < 4 && gr + q < R; ++q) dst[q] = static_cast<uint8_t>(col[j] >> (8 * q));
+      }
     }
   }
 }
@@ -206,8 +226,7 @@ __global__ void __launch_bounds__(kThreads)
         for (int j = 0; j < V && c + j < s.C; ++j) dst[j] = o.b[j];
       }
     }
-#pragma unroll
-    for (int j = 0; j < V; ++j) tile[lr][lc + j] = o.b[j];
+    PutBytes<TC, V>(tile, lr, lc, o.b);
   }
   if (out_t != nullptr) {
     __syncthreads();
@@ -241,8 +260,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int k = 0; k < kPerThread; ++k) {
     const int id = threadIdx.x + k * kThreads;
     const int lr = id / kChunksPerRow, lc = (id % kChunksPerRow) * 16;
-#pragma unroll
-    for (int j = 0; j < 16; ++j) tile[lr][lc + j] = b[k][j];
+    PutBytes<TC, 16>(tile, lr, lc, b[k]);
   }
   __syncthreads();
   StoreTransposed<TC>(tile, tr, tc, R, C, vec_out, out);
