@@ -16,6 +16,8 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 def load(name):
+    if str(BENCH) not in sys.path:  # the benchmarks import their shared modules (bench_cli, ...) by name
+        sys.path.insert(0, str(BENCH))
     spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
