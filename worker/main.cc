@@ -263,6 +263,9 @@ int main(int argc, char** argv) {
   run->add_flag("--coalesced-gather", rank.coalesced_gather,
                 "spec.gpus > 1 with optimizer.shard_state: send the updated weights as one coalesced group of "
                 "broadcasts where the backend can (NCCL), instead of one broadcast after another");
+  run->add_flag("--in-place-reduce", rank.in_place_reduce,
+                "spec.gpus > 1 without optimizer.shard_grads: all-reduce each bucket's gradients where they are, as "
+                "one coalesced group, instead of copying them into one flat tensor first");
   run->add_flag("--phase-times", prof.phase_times,
                 "GPU runs: log the GPU time of each phase of every step (CUDA events, no extra synchronisation)");
   auto* profile = app.add_subcommand("profile", "Profile a job spec locally: warm-up steps, then profiled steps; "

@@ -107,8 +107,9 @@ struct ReadyHook final : torch::autograd::PostAccumulateGradHook {
 };
 
 GradReducer::GradReducer(Ranks& ranks, const std::vector<torch::Tensor>& params, int64_t bucket_bytes,
-                         std::vector<int> owners)
-    : ranks_(ranks), params_(params), owners_(std::move(owners)), bucket_of_(params.size()) {
+                         std::vector<int> owners, bool in_place)
+    : ranks_(ranks), params_(params), owners_(std::move(owners)), in_place_(in_place && owners_.empty()),
+      bucket_of_(params.size()) {
   int64_t bytes = 0;
   for (size_t k = params_.size(); k-- > 0;) {
     const auto& p = params_[k];
@@ -165,7 +166,14 @@ void GradReducer::Launch(Bucket& b) {
   for (size_t k : b.params) {
     auto& p = params_[k];
     if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);  // unused this step: contributes zero
-    flat.push_back(p.grad().reshape({-1}));
+    if (in_place_ && !p.grad().is_contiguous()) p.mutable_grad() = p.grad().contiguous();
+    flat.push_back(in_place_ ? p.grad() : p.grad().reshape({-1}));
+  }
+  if (in_place_) {
+    // No copy: the collectives read and write the gradients themselves (one NCCL group per bucket).
+    b.launched = true;
+    b.work = ranks_.backend().allreduce_coalesced(flat);
+    return;
   }
   b.flat = torch::cat(flat);
   b.launched = true;

@@ -70,8 +70,11 @@ class GradReducer {
   // `params`: the trainable parameters, in the model's order (buckets are cut in reverse order,
   // the order backward produces them in). Installs a post-accumulate-grad hook on each. `owners`
   // (ZeRO-2; empty: every rank keeps every reduced gradient): the rank that keeps each one's.
+  // `in_place` (unsharded only): each bucket's gradients are all-reduced where autograd left them,
+  // as one coalesced group of collectives (c10d allreduce_coalesced), instead of being copied into one
+  // flat tensor that is reduced and that the gradients then view.
   GradReducer(Ranks& ranks, const std::vector<torch::Tensor>& params, int64_t bucket_bytes = kBucketBytes,
-              std::vector<int> owners = {});
+              std::vector<int> owners = {}, bool in_place = false);
   ~GradReducer();
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;
@@ -104,6 +107,7 @@ class GradReducer {
   Ranks& ranks_;
   std::vector<torch::Tensor> params_;
   std::vector<int> owners_;
+  bool in_place_ = false;
   std::vector<Bucket> buckets_;
   std::vector<size_t> bucket_of_;
   std::vector<size_t> in_flight_;  // ZeRO-2: launched, not retired, oldest first
