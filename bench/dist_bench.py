@@ -15,6 +15,11 @@ weights as one coalesced group of broadcasts), and NAME=VALUE environment entrie
 (`NCCL_MAX_NCHANNELS=8`: fewer NCCL channels, so fewer SMs taken from backward). E.g.
   --variant "b100:--bucket-mib=100" --variant "ch8:NCCL_MAX_NCHANNELS=8" --variant "z1-coal:zero1 --coalesced-gather"
 
+`--singles`: one more row, N independent 1-GPU jobs started at once (one per GPU, no communication
+between them), its tokens/s the sum of theirs: the ceiling data parallel can reach on this host when
+the GPUs work side by side (power, clocks, host memory and CPU shared, nothing sent), which separates
+what communication costs from what running N GPUs at once costs. Its losses are not compared.
+
 Fitting an 80 GB card: a 1-GPU run of the 8B at 4x2048 needs ~81 GiB without activation
 checkpointing (docs/performance.md), ~61 GiB with `--ac full`; `--layers 16` keeps the 8B's layer
 shape with half its depth (~45 GiB without checkpointing; written as an HF config.json).
@@ -74,16 +79,19 @@ def parse_variant(text):
     return label, zero, flags, env
 
 
-def run(a, model, tokens, gpus, b, t, zero, work, label=None, flags=(), extra_env=None):
+def job_spec(a, model, tokens, gpus, b, t, zero):
     cuda = a.device == "cuda"
-    spec = {"model": model, "data": {"path": str(tokens), "token_dtype": "uint32"},
+    return {"model": model, "data": {"path": str(tokens), "token_dtype": "uint32"},
             "steps": a.steps, "batch_size": b, "seq_len": t, "device": a.device,
             "dtype": "bf16" if cuda else "fp32", "kernel_set": "fused" if cuda else "eager",
             "activation_checkpointing": a.ac, "gpus": gpus, "checkpoint": {"enabled": False},
             "optimizer": {"lr": 1e-5, "weight_decay": 0.1, "grad_clip": 1.0, **ZERO[zero]}}
+
+
+def run(a, model, tokens, gpus, b, t, zero, work, label=None, flags=(), extra_env=None):
     name = f"g{gpus}-{label or (f'zero{zero}' if zero else 'plain')}"
     path = work / f"{name}.json"
-    path.write_text(json.dumps(spec))
+    path.write_text(json.dumps(job_spec(a, model, tokens, gpus, b, t, zero)))
     env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
     env.update(extra_env or {})
     store = work / f"{name}.store"
@@ -105,6 +113,37 @@ def run(a, model, tokens, gpus, b, t, zero, work, label=None, flags=(), extra_en
     result = next((l for l in lines if l["event"] == "result"),
                   {"outcome": "FAILED", "message": f"exit codes {codes} (limit {a.timeout} s); rank 0: {tail}"})
     return name, [l for l in lines if l["event"] == "step"], result
+
+
+def run_singles(a, model, tokens, b, t, work):
+    """--singles: a.gpus independent 1-GPU jobs at once, GPU i for job i (CPU: all on the CPU). Returns each
+    job's (step lines, result)."""
+    path = work / "singles.json"
+    path.write_text(json.dumps(job_spec(a, model, tokens, 1, b, t, 0)))
+    procs, logs = [], []
+    for i in range(a.gpus):
+        env = dict(os.environ)
+        if a.device == "cuda":
+            env["CUDA_VISIBLE_DEVICES"] = str(i)
+        logs.append(open(work / f"singles.{i}.log", "w"))
+        procs.append(subprocess.Popen([str(a.worker), "run", str(path)], stdout=subprocess.PIPE, stderr=logs[i],
+                                      text=True, env=env))
+    outs = []
+    for i, p in enumerate(procs):
+        try:
+            outs.append(p.communicate(timeout=a.timeout)[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            outs.append("")
+    done = []
+    for i, out in enumerate(outs):
+        lines = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+        tail = (work / f"singles.{i}.log").read_text()[-300:].strip().replace("\n", " / ")
+        result = next((l for l in lines if l["event"] == "result"),
+                      {"outcome": "FAILED", "message": f"job {i}: exit code {procs[i].wait()}; {tail}"})
+        done.append(([l for l in lines if l["event"] == "step"], result))
+    return done
 
 
 def check_against_unsharded(runs, steps_of):
@@ -133,6 +172,8 @@ def main():
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     bench_cli.add_steps(ap, steps=10, warmup=3)
     ap.add_argument("--timeout", type=int, default=300, help="seconds per run")
+    ap.add_argument("--singles", action="store_true",
+                    help="one more row: --gpus independent 1-GPU jobs at once, no communication (the host's ceiling)")
     ap.add_argument("--variant", action="append", default=[],
                     help="LABEL:TOKENS, one more N-GPU run (see the module's help); repeatable")
     a = ap.parse_args()
@@ -166,6 +207,22 @@ def main():
                      max_rank_peak_gib=max(s["max_rank_peak_mem_allocated_bytes"] for s in meas) / 2**30,
                      max_rank_grad_gib=max(result.get("rank_grad_bytes") or [0]) / 2**30,
                      loss_first=steps[0]["loss"], loss_last=steps[-1]["loss"])
+        runs.append(r)
+        print(json.dumps(r), file=sys.stderr)
+    if a.singles:
+        jobs = run_singles(a, model, tokens, b, t, work)
+        bad = [res if res["outcome"] != "SUCCEEDED" else {"outcome": "FAILED", "message": "no steps reported"}
+               for steps, res in jobs if res["outcome"] != "SUCCEEDED" or not steps]
+        r = {"run": f"{a.gpus}x1-singles", "gpus": a.gpus, "zero": 0,
+             "levers": f"{a.gpus} independent 1-GPU jobs at once", "outcome": bad[0]["outcome"] if bad else "SUCCEEDED",
+             "message": bad[0].get("message", "") if bad else ""}
+        if not bad:
+            meas = [steps[a.warmup:] or steps for steps, _ in jobs]
+            r.update(tokens_per_s=sum(statistics.median(s["tokens_per_s"] for s in m) for m in meas),
+                     step_time_s=max(statistics.median(s["step_time_s"] for s in m) for m in meas),
+                     comm_wait_s=0.0,
+                     max_rank_peak_gib=max(s["max_rank_peak_mem_allocated_bytes"] for m in meas for s in m) / 2**30,
+                     max_rank_grad_gib=max(max(res.get("rank_grad_bytes") or [0]) for _, res in jobs) / 2**30)
         runs.append(r)
         print(json.dumps(r), file=sys.stderr)
     base = runs[0].get("tokens_per_s")

@@ -261,7 +261,7 @@ def test_dist_bench_runs_on_cpu_ranks_and_fails_when_a_run_does(tmp_path):
     """bench/dist_bench.py end to end on CPU ranks (tiny model, Gloo): its four runs (1 rank, 2 ranks,
     2 ranks with ZeRO-1 and with ZeRO-2) succeed, ZeRO-1 and ZeRO-2 agree with unsharded, ZeRO-2's ranks hold
     about half the gradients, the table and JSON say so, exit 0; a
-    --variant adds a run with its levers; a token it does not know is refused; a run that fails
+    --variant adds a run with its levers, --singles a row of independent 1-rank jobs at once; a token it does not know is refused; a run that fails
     (killed at its time limit) makes it exit 1 naming the run."""
     import sys
     bench = Path(__file__).resolve().parents[2] / "bench" / "dist_bench.py"
@@ -278,13 +278,17 @@ def test_dist_bench_runs_on_cpu_ranks_and_fails_when_a_run_does(tmp_path):
     assert "| 2 | 1 |" in p.stdout and "| 2 | 2 |" in p.stdout and "dist_bench: ok" in p.stdout
     # A lever variant: one more 2-rank run, its flags and environment passed to every rank.
     p = subprocess.run(cmd + ["--out", str(tmp_path / "lever"), "--steps", "2", "--variant",
-                              "z1c:zero1 --coalesced-gather --bucket-mib=1 NCCL_MAX_NCHANNELS=2"],
+                              "z1c:zero1 --coalesced-gather --bucket-mib=1 NCCL_MAX_NCHANNELS=2", "--singles"],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr[-3000:]
     res = json.loads((tmp_path / "lever" / "dist_bench.json").read_text())
-    assert [(r["run"], r["zero"], r["outcome"]) for r in res["runs"]][4:] == [("g2-z1c", 1, "SUCCEEDED")]
+    assert [(r["run"], r["zero"], r["outcome"]) for r in res["runs"]][4:5] == [("g2-z1c", 1, "SUCCEEDED")]
     assert res["runs"][4]["levers"] == "--coalesced-gather --bucket-mib=1 NCCL_MAX_NCHANNELS=2"
     assert "| --coalesced-gather --bucket-mib=1 NCCL_MAX_NCHANNELS=2 |" in p.stdout
+    # --singles: two independent 1-rank jobs at once, their tokens/s summed.
+    single = res["runs"][5]
+    assert (single["run"], single["gpus"], single["outcome"]) == ("2x1-singles", 2, "SUCCEEDED"), single
+    assert single["tokens_per_s"] > 0 and "| 2 independent 1-GPU jobs at once |" in p.stdout
     p = subprocess.run(cmd + ["--out", str(tmp_path / "typo"), "--variant", "x:zero3"], capture_output=True, text=True)
     assert p.returncode == 2 and "'zero3' is not zero1, zero2" in p.stderr
     p = subprocess.run(cmd + ["--out", str(tmp_path / "bad"), "--timeout", "0"], capture_output=True, text=True,
