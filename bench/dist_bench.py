@@ -10,8 +10,9 @@ un-overlapped communication wait.
 
 Communication levers: each `--variant LABEL:TOKENS` adds one N-GPU run after the four above, named
 gN-LABEL, whose TOKENS (space-separated) are any of: `zero1` (optimizer.shard_state), `zero2`
-(shard_state and shard_grads), ftd-worker flags (`--bucket-mib=100`: gradient buckets of 100 MiB instead of 25; `--coalesced-gather`: ZeRO-1's
-weights as one coalesced group of broadcasts), and NAME=VALUE environment entries for every rank
+(shard_state and shard_grads), ftd-worker flags (`--bucket-mib=100`: gradient buckets of 100 MiB instead of 256; `--flat-reduce`: each bucket's
+gradients copied into one flat tensor and reduced there instead of in place; `--coalesced-gather`:
+ZeRO-1's weights as one coalesced group of broadcasts), and NAME=VALUE environment entries for every rank
 (`NCCL_MAX_NCHANNELS=8`: fewer NCCL channels, so fewer SMs taken from backward). E.g.
   --variant "b100:--bucket-mib=100" --variant "ch8:NCCL_MAX_NCHANNELS=8" --variant "z1-coal:zero1 --coalesced-gather"
 

@@ -36,8 +36,9 @@
 #       test or a run fails or ZeRO-1 or ZeRO-2 departs from unsharded.
 #   dist-levers: the communication levers on 2+ GPUs (bench/dist_bench.py --variant, the 8B with full
 #       activation checkpointing at 4x2048 per GPU): 1 GPU, N GPUs, ZeRO-1 and ZeRO-2 as in dist, then N GPUs with
-#       100 and 256 MiB gradient buckets, 8 and 4 NCCL channels, 256 MiB with 8 channels, and ZeRO-1 with
-#       the coalesced gather (about 6 minutes after the build, estimated; other levers: run dist_bench.py).
+#       25 MiB buckets copied flat (the earlier defaults), the flat copy alone, 512 MiB buckets, 16 NCCL channels,
+#       ZeRO-1 with the coalesced gather, ZeRO-2 with 25 MiB buckets, and N independent 1-GPU jobs at once
+#       (--singles: the host's ceiling); about 3 minutes after the build on 4 H100s.
 #   ab: this tree's ftd-worker against another version's, the 8B fused step in one invocation
 #       (BASE_SRC: that version's source tree, e.g. `git archive REV | tar x -C base-src`;
 #       AB_ARGS: bench/train_bench.py flags, default --shapes 4x2048 --repeat 3).
@@ -158,9 +159,9 @@ for stage in "${stages[@]}"; do
     dist-levers)
       if [ "$ngpus" -lt 2 ]; then echo "gpu.sh: the dist-levers stage needs 2+ GPUs; this host has $ngpus"; rc=1; continue; fi
       stamp "data parallel levers: 8B, full checkpointing, 1 vs ${DIST_GPUS:-2} GPUs, then one run per lever"
-      levers=(--variant "b100:--bucket-mib=100" --variant "b256:--bucket-mib=256"
-              --variant "ch8:NCCL_MAX_NCHANNELS=8" --variant "ch4:NCCL_MAX_NCHANNELS=4"
-              --variant "b256-ch8:--bucket-mib=256 NCCL_MAX_NCHANNELS=8" --variant "z1-coal:zero1 --coalesced-gather")
+      levers=(--singles --variant "b25-flat:--bucket-mib=25 --flat-reduce" --variant "flat:--flat-reduce"
+              --variant "b512:--bucket-mib=512" --variant "ch16:NCCL_MAX_NCHANNELS=16"
+              --variant "z1-coal:zero1 --coalesced-gather" --variant "z2-b25:zero2 --bucket-mib=25")
       python3 bench/dist_bench.py --worker "$build/worker/ftd-worker" --out "$out/dist-levers" --gpus "${DIST_GPUS:-2}" \
         --steps 8 --timeout 150 --ac full "${levers[@]}" 2>&1 | tee "$out/dist-levers.log" | grep -v "^{"
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;

@@ -67,9 +67,9 @@ PeakMemory PredictPeakMemory(const LlamaConfig& m, const TrainConfig& c, bool gp
   }
   if (c.optimizer.shard_grads && c.optimizer.shard_state && c.gpus > 1 && c.grad_accum_steps == 1) {
     // ZeRO-2: each rank keeps the reduced gradients of its 1/gpus of the tensors, plus the buckets
-    // whose reduce-scatter is in flight (at most two of about 25 MiB, docs/distributed.md). With
+    // whose reduce-scatter is in flight (at most two of about 256 MiB, docs/distributed.md). With
     // accumulation every gradient is kept until the last micro-batch.
-    p.gradients = std::min(p.gradients, p.gradients / c.gpus + 2 * 25.0 * (1 << 20));
+    p.gradients = std::min(p.gradients, p.gradients / c.gpus + 2 * 256.0 * (1 << 20));
   }
   if (c.optimizer.overlap && c.grad_accum_steps == 1) {
     // Each group (a layer, or the embedding / lm_head alone) is updated and its gradients freed as
@@ -79,11 +79,9 @@ PeakMemory PredictPeakMemory(const LlamaConfig& m, const TrainConfig& c, bool gp
                                       : (h * (q + 2 * kv) + q * h + 3 * h * f + 2 * h) * e;
     p.gradients = std::min(p.gradients, std::max(layer, full ? vocab * h * e : 0.0));
   }
-  if (k[KernelOp::kMatmul]) {  // FP8 matmuls: an E4M3 copy of every projection weight (1 byte an element)
-    double projection_params = 0;
-    for (size_t t = 0; t < in.size(); ++t) projection_params += layers * in[t] * out[t];
-    p.weights += projection_params;
-  }
+  // FP8 matmuls (full fine-tuning) keep no copy of the weights: each group's E4M3 weights are cast
+  // when used and freed after. What they save for backward is their input in E4M3, 1 byte an element.
+  const bool fp8 = k[KernelOp::kMatmul] && full;
 
   // What one layer saves for backward, per token (bytes). A frozen projection without an adapter
   // saves nothing (its input gradient needs only the weight); a trained weight saves its input; an
@@ -98,7 +96,7 @@ PeakMemory PredictPeakMemory(const LlamaConfig& m, const TrainConfig& c, bool gp
       any = any || on[i];
       if (on[i] && !grouped && ea != e) eager_copies += width * ea;
     }
-    if (full) return width * e;
+    if (full) return width * (fp8 ? 1 : e);
     if (!any) return 0.0;
     return (grouped || ea == e) ? width * e : eager_copies;
   };
@@ -112,6 +110,7 @@ PeakMemory PredictPeakMemory(const LlamaConfig& m, const TrainConfig& c, bool gp
   // Attention (sdpa): q, k, v, its output (which is o_proj's input, a view) and the log-sum-exp.
   per_layer += (2 * q + 2 * kv) * e + heads * 4;
   if (!full && on[static_cast<size_t>(LoraTarget::kO)] && !grouped && ea != e) per_layer += q * ea;
+  if (fp8) per_layer += q;  // o_proj's input in E4M3 beside attention's own output
   const double gate_up_in = input_saved({LoraTarget::kGate, LoraTarget::kUp}, h);
   per_layer += gate_up_in;
   // SwiGLU: fused saves gate and up; eager also silu(gate).

@@ -258,14 +258,14 @@ int main(int argc, char** argv) {
   run->add_option("--rank", rank.rank, "spec.gpus > 1: this process's rank (0 writes the model and reports)");
   run->add_option("--store", rank.store_path, "spec.gpus > 1: the c10d file store the ranks meet at (a new path per run)");
   run->add_option("--rank-timeout", rank.timeout_s, "spec.gpus > 1: seconds a rank waits for the others");
-  run->add_option("--bucket-mib", rank.bucket_mib, "spec.gpus > 1: gradient all-reduce bucket size in MiB (default 25)")
+  run->add_option("--bucket-mib", rank.bucket_mib, "spec.gpus > 1: gradient all-reduce bucket size in MiB (default 256)")
       ->check(CLI::Range(1, 65536));
   run->add_flag("--coalesced-gather", rank.coalesced_gather,
                 "spec.gpus > 1 with optimizer.shard_state: send the updated weights as one coalesced group of "
                 "broadcasts where the backend can (NCCL), instead of one broadcast after another");
-  run->add_flag("--in-place-reduce", rank.in_place_reduce,
-                "spec.gpus > 1 without optimizer.shard_grads: all-reduce each bucket's gradients where they are, as "
-                "one coalesced group, instead of copying them into one flat tensor first");
+  run->add_flag("--flat-reduce", rank.flat_reduce,
+                "spec.gpus > 1 without optimizer.shard_grads: copy each bucket's gradients into one flat tensor and "
+                "all-reduce that (the default all-reduces them where they are, as one coalesced group)");
   run->add_flag("--phase-times", prof.phase_times,
                 "GPU runs: log the GPU time of each phase of every step (CUDA events, no extra synchronisation)");
   auto* profile = app.add_subcommand("profile", "Profile a job spec locally: warm-up steps, then profiled steps; "

@@ -3,9 +3,11 @@
 // ProcessGroupNCCL, Gloo otherwise (CPU ranks in CI; GPU tensors staged through the host).
 // No collective of our own: every reduction is a c10d call.
 //
-// GradReducer sums the gradients over the ranks in buckets of about 25 MiB, each launched from a
+// GradReducer sums the gradients over the ranks in buckets of about 256 MiB, each launched from a
 // post-accumulate-grad hook the moment its last gradient is final, so the reductions run while
-// backward computes the earlier layers (the bucketing DDP does). The trainer normalises the loss by
+// backward computes the earlier layers (the bucketing DDP does). Unsharded, a bucket's gradients are
+// all-reduced where autograd left them, as one coalesced group (no copy into a flat tensor: 16 GB of
+// reads and writes a step less at 8B); 256 MiB and in place measured fastest (docs/performance.md). The trainer normalises the loss by
 // the global count of loss tokens, so the sum is the gradient of the combined batch.
 #pragma once
 
@@ -65,7 +67,7 @@ class Ranks {
 // one group of ncclReduce calls (one per owner) and equal parts as one ncclReduceScatter.
 class GradReducer {
  public:
-  static constexpr int64_t kBucketBytes = 25 << 20;
+  static constexpr int64_t kBucketBytes = 256 << 20;  // measured: docs/performance.md
   static constexpr int kMaxInFlight = 2;  // ZeRO-2: buckets whose reduction may be pending at once
   // `params`: the trainable parameters, in the model's order (buckets are cut in reverse order,
   // the order backward produces them in). Installs a post-accumulate-grad hook on each. `owners`
@@ -74,7 +76,7 @@ class GradReducer {
   // as one coalesced group of collectives (c10d allreduce_coalesced), instead of being copied into one
   // flat tensor that is reduced and that the gradients then view.
   GradReducer(Ranks& ranks, const std::vector<torch::Tensor>& params, int64_t bucket_bytes = kBucketBytes,
-              std::vector<int> owners = {}, bool in_place = false);
+              std::vector<int> owners = {}, bool in_place = true);
   ~GradReducer();
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;

@@ -130,8 +130,8 @@ struct RankInfo {
   // Communication levers, measured by bench/dist_bench.py (docs/distributed.md):
   int bucket_mib = 0;             // gradient all-reduce buckets of about this size; 0: GradReducer's default
   bool coalesced_gather = false;  // ZeRO-1: the updated weights as one coalesced group of broadcasts
-  bool in_place_reduce = false;   // unsharded: each bucket's gradients all-reduced where they are, as one
-                                  // coalesced group (no copy into a flat bucket)
+  bool flat_reduce = false;       // unsharded: each bucket's gradients copied into one flat tensor and reduced
+                                  // there (default: reduced where they are, as one coalesced group)
 };
 
 // Runs the whole job: builds or loads the model, resumes from a checkpoint if asked, trains,

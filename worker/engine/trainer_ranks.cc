@@ -32,13 +32,13 @@ bool TrainingRun::SetupRanks(const std::vector<torch::Tensor>& trainable) {
                              "): set optimizer.shard_grads false, or rebuild with NCCL (docs/distributed.md)"));
   }
   const int64_t bucket_bytes = rank_.bucket_mib > 0 ? int64_t{rank_.bucket_mib} << 20 : GradReducer::kBucketBytes;
-  const bool in_place = rank_.in_place_reduce && !shard_grads();
+  const bool in_place = !rank_.flat_reduce && !shard_grads();
   reducer_ = std::make_unique<GradReducer>(*ranks_, trainable, bucket_bytes,
                                            shard_grads() ? owner_ : std::vector<int>{}, in_place);
   Log(absl::StrCat(ranks_->backend_name(), ": ", reducer_->num_buckets(), " gradient buckets of about ",
                    bucket_bytes >> 20, " MiB", shard_grads() ? ", reduce-scattered" : "",
                    in_place ? ", all-reduced in place (one coalesced group per bucket)" : "",
-                   rank_.in_place_reduce && shard_grads() ? " (--in-place-reduce does not apply to shard_grads)" : ""));
+                   rank_.flat_reduce && shard_grads() ? " (--flat-reduce does not apply to shard_grads)" : ""));
   return true;
 }
 
