@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "server/sqlite_stmt.h"
+#include "spec/text.h"
 
 namespace ftd::server {
 
@@ -120,6 +121,7 @@ absl::StatusOr<AuthStore::Created> AuthStore::CreateToken(const ftd::v1::CreateT
     return absl::InvalidArgumentError(absl::StrCat("description has ", req.description().size(),
                                                    " bytes; at most ", kMaxTokenDescription));
   }
+  if (auto st = spec::CheckNoControlChars(req.description(), "description"); !st.ok()) return st;
   if (req.role() != ftd::v1::ROLE_UNSPECIFIED && req.role() != ftd::v1::ROLE_USER && req.role() != ftd::v1::ROLE_ADMIN) {
     return absl::InvalidArgumentError(absl::StrCat("role ", static_cast<int>(req.role()), " is not a role (user or admin)"));
   }

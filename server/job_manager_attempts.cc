@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "server/exit_classification.h"
 #include "server/job_events.h"
+#include "server/log.h"
 #include "spec/spec.h"
 
 namespace ftd::server {
@@ -116,7 +117,7 @@ void JobManager::LaunchedLocked(const LaunchRequest& req, const absl::StatusOr<i
       clock_->UnixMs());
   if (!st.ok()) {
     metrics_->StoreWriteFailed("state");
-    std::cerr << "ftd: cannot record the worker pid of " << a.job_id << ": " << st.status() << std::endl;
+    FtdLog() << "cannot record the worker pid of " << a.job_id << ": " << st.status();
   }
 }
 
@@ -177,8 +178,8 @@ absl::StatusOr<Job> JobManager::Cancel(const std::string& id, const std::string&
     if (job.ok()) return job;
     // The cancel goes on all the same; its outcome is written once the store takes it.
     metrics_->StoreWriteFailed("state");
-    std::cerr << "ftd: cannot record the cancel of job " << id << ": " << job.status()
-              << "; the worker is being stopped anyway" << std::endl;
+    FtdLog() << "cannot record the cancel of job " << id << ": " << job.status()
+             << "; the worker is being stopped anyway";
     auto stored = store_->Get(id);
     if (!stored.ok()) return stored.status();
     stored->set_reason("CANCELLING");
@@ -262,8 +263,8 @@ bool JobManager::FinishLocked(Attempt& a, const WorkerEnd& end) {
     // The truth stays here (the attempt keeps its slot) and Tick() writes it once the store takes it.
     metrics_->StoreWriteFailed("state");
     if (a.unrecorded_tries++ % 60 == 0) {
-      std::cerr << "ftd: CANNOT RECORD the outcome of job " << a.job_id << " (" << info.code << ": " << v.message
-                << "): " << job.status() << "; keeping it in memory and trying again every second" << std::endl;
+      FtdLog() << "CANNOT RECORD the outcome of job " << a.job_id << " (" << info.code << ": " << v.message
+               << "): " << job.status() << "; keeping it in memory and trying again every second";
     }
     const bool first = !a.unrecorded.has_value();
     a.unrecorded = end;
@@ -271,8 +272,8 @@ bool JobManager::FinishLocked(Attempt& a, const WorkerEnd& end) {
     return false;
   }
   if (a.unrecorded.has_value()) {
-    std::cerr << "ftd: recorded the outcome of job " << a.job_id << " (" << info.code << ") after "
-              << a.unrecorded_tries << " failed write(s)" << std::endl;
+    FtdLog() << "recorded the outcome of job " << a.job_id << " (" << info.code << ") after "
+             << a.unrecorded_tries << " failed write(s)";
     metrics_->UnrecordedOutcomes(--unrecorded_);
   }
   if (retried) metrics_->Retry(info.code);
@@ -291,7 +292,7 @@ bool JobManager::FinishLocked(Attempt& a, const WorkerEnd& end) {
   if (used.gpus > 0) {
     if (auto st = store_->AddUsage({a.owner, a.job_id, a.attempt, used.gpus, used.start_ms, used.end_ms}); !st.ok()) {
       metrics_->StoreWriteFailed("usage");
-      std::cerr << "ftd: cannot record the GPU usage of job " << a.job_id << ": " << st << std::endl;
+      FtdLog() << "cannot record the GPU usage of job " << a.job_id << ": " << st;
     }
   }
   PublishGpusLocked();

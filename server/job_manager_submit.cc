@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "server/exit_classification.h"
 #include "server/job_files.h"
+#include "server/log.h"
 #include "server/memory_fit.h"
 #include "server/request_limits.h"
 #include "server/request_match.h"
@@ -119,9 +120,8 @@ absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::SubmitWith(
       ++counts_[ftd::v1::QUEUED];
       metrics_->JobSubmitted(inserted->first.kind());
       const Job& j = inserted->first;
-      std::cerr << "ftd: job " << j.id() << " submitted: " << ftd::v1::JobKind_Name(j.kind()) << " \"" << j.name()
-                << "\" by " << j.owner() << ", priority " << j.priority() << ", " << j.max_attempts() << " attempt(s)"
-                << std::endl;
+      FtdLog() << "job " << j.id() << " submitted: " << ftd::v1::JobKind_Name(j.kind()) << " \"" << j.name()
+               << "\" by " << j.owner() << ", priority " << j.priority() << ", " << j.max_attempts() << " attempt(s)";
       if (prepare) {
         if (auto st = prepare(j); !st.ok()) {
           auto failed = TransitionLocked(j.id(), [&](Job& job) {

@@ -1,0 +1,137 @@
+"""What one user or a network peer can do to ftd and to the other users, with real processes: a real
+ftd (under a low descriptor limit where that is the point), real ftctl, real local users, raw
+sockets. Connection floods and their limits, connections that never finish their handshake,
+unauthenticated calls (refused before their bytes are parsed, audited a few a minute), control
+characters in names and messages (refused at submit, escaped wherever they still show), YAML
+aliases that expand without end, the admins' stream limit."""
+import json
+import os
+import pty
+import resource
+import select
+import shutil
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from ftdapi import JobService, msg, spec
+from ftdservice import FTCTL, FTD, TINY, Daemon, ftctl, make_token, wait_for
+from test_auth import ALICE, BOB, local_users, pki  # noqa: F401 (fixtures)
+
+RAW = dict(request_serializer=lambda b: b, response_deserializer=lambda b: b)
+
+
+def ok(p):
+    assert p.returncode == 0, (p.returncode, p.stdout, p.stderr)
+    return p.stdout.strip()
+
+
+def as_user(user, daemon, *args, timeout=60):
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/tmp"}
+    return subprocess.run(["runuser", "-u", user, "--", str(FTCTL), "--addr", daemon.addr, *args],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def closed_by_peer(s, timeout):
+    """Reads `s` until the peer closes it (True) or `timeout` seconds pass (False)."""
+    end = time.monotonic() + timeout
+    s.setblocking(False)
+    while time.monotonic() < end:
+        r, _, _ = select.select([s], [], [], max(0.0, end - time.monotonic()))
+        if not r:
+            continue
+        try:
+            if not s.recv(65536):
+                return True
+        except ConnectionResetError:
+            return True
+        except BlockingIOError:
+            continue
+    return False
+
+
+@pytest.fixture
+def shared_dir():
+    """A directory other local users can reach (pytest's tmp_path is root's only), for the socket."""
+    d = Path(tempfile.mkdtemp(prefix="ftd-abuse-"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+# --- control characters ----------------------------------------------------------------------------
+
+FORGED = "ftd: job j-000001 RUNNING -> SUCCEEDED (SUCCEEDED): forged line"
+ESCAPES = "\x1b]0;owned\x07\x1b[2J"
+
+
+def test_control_characters_are_refused_at_submit_naming_the_field(daemon, tmp_path):
+    p = ftctl(daemon, "submit", "--default", "--name", "run\n" + FORGED)
+    assert p.returncode == 3 and "INVALID_ARGUMENT: name holds a control character (U+000A, a newline, at byte 3)" \
+        in p.stderr, p.stderr
+    p = ftctl(daemon, "submit", "--default", "--name", "x" + ESCAPES)
+    assert p.returncode == 3 and "name holds a control character (U+001B, an escape" in p.stderr, p.stderr
+    assert "\x1b" not in p.stderr
+    p = ftctl(daemon, "submit", "--default", "--request-id", "nightly\t1")
+    assert p.returncode == 3 and "request_id holds a control character (U+0009, a tab" in p.stderr, p.stderr
+    # A NUL in a path field: the part after it was dropped when the file was opened.
+    data = tmp_path / "data.bin"
+    data.write_bytes(b"\0" * 64)
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps(dict(TINY, data={"path": str(data) + "\u0000/../../etc/shadow"})))
+    p = ftctl(daemon, "submit", str(job))
+    assert p.returncode == 3 and f"spec.data.path holds a NUL byte (U+0000, a NUL, at byte {len(str(data))})" \
+        in p.stderr, p.stderr
+    p = ftctl(daemon, "admin", "token", "create", "carol", "--description", "laptop" + ESCAPES)
+    assert p.returncode == 3 and "description holds a control character" in p.stderr, p.stderr
+    assert json.loads(ok(ftctl(daemon, "list", "-o", "json"))) == []
+
+
+def test_text_from_jobs_reaches_the_log_and_terminals_escaped(tmp_path):
+    """A worker's message with a newline and terminal escapes (text ftd cannot refuse: it comes from the
+    job's files) forges no line in ftd's log, and no ftctl renderer passes the escapes to a terminal."""
+    message = "bad\n" + FORGED + ESCAPES
+    d = Daemon(tmp_path, scripts={"loud": {"result": "FAILED", "message": message, "exit": 1}})
+    try:
+        job = ok(ftctl(d, "submit", "--default", "--name", "loud", "--max-attempts", "1"))
+        ftctl(d, "wait", job, timeout=120)
+        log = d.read_log()
+        assert FORGED not in log.splitlines() and not any(line.startswith(FORGED) for line in log.splitlines())
+        assert "\x1b" not in log and "\x07" not in log
+        assert "\\n" + FORGED + "\\x1b]0;owned\\x07" in log, log[-2000:]
+        outputs = {verb: ftctl(d, *verb.split(), job).stdout for verb in ("get", "watch", "wait")}
+        outputs["list"] = ftctl(d, "list").stdout
+        outputs["cancel"] = ftctl(d, "cancel", job).stderr
+        for verb, out in outputs.items():
+            assert "\x1b" not in out and "\x07" not in out, (verb, out)
+            assert not any(line.startswith(FORGED) for line in out.splitlines()), (verb, out)
+        assert len(outputs["list"].splitlines()) == 2, outputs["list"]  # the header and one row
+        assert "\\x1b]0;owned\\x07" in outputs["get"], outputs["get"]
+        # ftctl logs: on a terminal escaped, into a pipe byte for byte.
+        (d.data / "jobs" / job / "worker.log").open("a").write("line " + ESCAPES + "\n")
+        assert ESCAPES in ftctl(d, "logs", job).stdout
+        master, slave = pty.openpty()
+        p = subprocess.Popen([str(FTCTL), "--addr", d.addr, "logs", job], stdout=slave, stderr=subprocess.PIPE)
+        os.close(slave)
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: ftctl has exited and the terminal is closed
+                break
+            if not chunk:
+                break
+            shown += chunk
+        os.close(master)
+        assert p.wait(timeout=60) == 0, p.stderr.read()
+        assert b"line \\x1b]0;owned\\x07\\x1b[2J" in shown and b"\x1b" not in shown, shown[-500:]
+    finally:
+        d.stop()
+
+
