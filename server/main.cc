@@ -32,6 +32,7 @@
 #include "server/data_dir.h"
 #include "server/gpu_probe.h"
 #include "server/job_manager.h"
+#include "server/log.h"
 #include "server/memory_fit.h"
 #include "server/listen_config.h"
 #include "server/metrics.h"
@@ -73,6 +74,10 @@ int main(int argc, char** argv) {
     std::cerr << "ftd: " << st.message() << "\n";
     return 1;
   }
+
+  // libprotobuf's own messages (a request it could not parse) go to ftd's log, a few a minute.
+  ftd::server::RealClock log_clock;
+  ftd::server::RouteProtobufLog(&log_clock, 10);
 
   // Signals go to one thread (sigwait below); every other thread, and gRPC's, have them blocked.
   sigset_t sigs;
@@ -173,6 +178,7 @@ int main(int argc, char** argv) {
   limits.connection_burst = std::max(1.0, 2 * limits.connection_rate);
   ftd::server::CallLimiter limiter(limits, &clock);
   ftd::server::CallAuth call_auth(&authenticator, auth_store->get(), &clock, &limiter);
+  call_auth.StartAuditFlusher();
   ftd::server::JobServiceImpl jobs(&manager, &stopping, &call_auth, flags.priority_cap);
   ftd::server::AdminServiceImpl admin(&call_auth, auth_store->get(), &clock);
   ftd::server::WorkerServiceImpl workers(&manager);

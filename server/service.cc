@@ -42,7 +42,11 @@ absl::Status RequireId(const std::string& id) {
 
 JobServiceImpl::JobServiceImpl(JobManager* m, const std::atomic<bool>* stopping, const CallAuth* auth,
                                int priority_cap)
-    : ParsedService("ftd.v1.JobService"), m_(m), stopping_(stopping), auth_(auth), priority_cap_(priority_cap) {
+    : ParsedService("ftd.v1.JobService", Authenticated(auth)),
+      m_(m),
+      stopping_(stopping),
+      auth_(auth),
+      priority_cap_(priority_cap) {
   Register("SubmitJob", &JobServiceImpl::SubmitJob);
   Register("GetJob", &JobServiceImpl::GetJob);
   Register("ListJobs", &JobServiceImpl::ListJobs);

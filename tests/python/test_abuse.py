@@ -65,6 +65,47 @@ def shared_dir():
     shutil.rmtree(d, ignore_errors=True)
 
 
+# --- unauthenticated calls -------------------------------------------------------------------------
+
+def test_unauthenticated_calls_are_refused_unparsed_and_audited_a_few_a_minute(tmp_path):
+    """3,000 CancelJob calls with no credentials once committed 3,000 audit rows; malformed ones were
+    parsed first (INVALID_ARGUMENT, and a libprotobuf line in ftd's log each). Now every one is
+    UNAUTHENTICATED, nothing is parsed or logged, and the audit log holds the first call and, once
+    its minute is over, one record counting the rest."""
+    d = Daemon(tmp_path, "--paused")
+    try:
+        good = msg("CancelJobRequest")(id="j-000001").SerializeToString()
+        bad_utf8 = b"\x0a\x02\xff\xfe"  # CancelJobRequest.id, not UTF-8
+        truncated = b"\x0a\x7f"
+        with grpc.insecure_channel(d.tcp) as ch:
+            cancel = ch.unary_unary("/ftd.v1.JobService/CancelJob", **RAW)
+            submit = ch.unary_unary("/ftd.v1.JobService/SubmitJob", **RAW)
+            codes = {}
+            for i in range(600):
+                call = submit if i % 3 == 0 else cancel
+                with pytest.raises(grpc.RpcError) as e:
+                    call([good, bad_utf8, truncated][i % 3], timeout=20)
+                codes[e.value.code()] = codes.get(e.value.code(), 0) + 1
+        assert codes == {grpc.StatusCode.UNAUTHENTICATED: 600}, codes
+        log = d.read_log()
+        assert "protobuf" not in log.lower() and "UTF-8" not in log, log[-2000:]
+        records = json.loads(ok(ftctl(d, "admin", "audit", "--limit", "1000", "-o", "json")))["records"]
+        unauth = [r for r in records if r["code"] == "UNAUTHENTICATED"]
+        assert len(unauth) == 1, len(unauth)
+        assert unauth[0]["peer"].startswith("ipv4:127.0.0.1:") and unauth[0]["action"] in ("CancelJob", "SubmitJob")
+        # The count of the rest is written when ftd stops (or the minute ends).
+        d.stop()
+        d.start()
+        records = json.loads(ok(ftctl(d, "admin", "audit", "--limit", "1000", "-o", "json")))["records"]
+        summary = [r for r in records if "unauthenticated calls from ipv4:127.0.0.1 in the last minute" in
+                   r.get("detail", "")]
+        assert len(summary) == 1, [r.get("detail") for r in records]
+        assert summary[0]["detail"].startswith("600 unauthenticated calls"), summary[0]
+        assert "CancelJob 400" in summary[0]["detail"] and "SubmitJob 199" in summary[0]["detail"], summary[0]
+    finally:
+        d.stop()
+
+
 # --- control characters ----------------------------------------------------------------------------
 
 FORGED = "ftd: job j-000001 RUNNING -> SUCCEEDED (SUCCEEDED): forged line"
