@@ -36,6 +36,7 @@
 #include "server/auth_store.h"
 #include "server/call_limits.h"
 #include "server/clock.h"
+#include "server/connection_limits.h"
 #include "server/unauthenticated_audit.h"
 
 namespace ftd::server {
@@ -56,8 +57,10 @@ class UnixListener {
   UnixListener(const UnixListener&) = delete;
   UnixListener& operator=(const UnixListener&) = delete;
 
-  // Starts accepting in a thread of its own; each connection goes to `server`.
-  void Serve(grpc::Server* server);
+  // Starts accepting in a thread of its own; each connection `limits` admits (its peer the local
+  // user; root and `daemon_uid` not held to the per-peer limit) goes to `server`, the others are
+  // closed at once.
+  void Serve(grpc::Server* server, ConnectionLimits* limits, uid_t daemon_uid);
   // Stops accepting and removes the socket file.
   void Stop();
   // The credentials of the connection gRPC names `grpc_peer` ("fd:N"), while it is open.
@@ -66,7 +69,7 @@ class UnixListener {
 
  private:
   UnixListener() = default;
-  void Loop(grpc::Server* server);
+  void Loop(grpc::Server* server, ConnectionLimits* limits, uid_t daemon_uid);
   int Adopt(int fd);
 
   struct Conn {

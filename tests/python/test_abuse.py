@@ -65,6 +65,115 @@ def shared_dir():
     shutil.rmtree(d, ignore_errors=True)
 
 
+# --- connection floods -----------------------------------------------------------------------------
+
+# Run as another local user: opens N connections to the unix socket and holds them until stdin closes.
+HOLD_UNIX = """
+import socket, sys
+held = []
+for _ in range(int(sys.argv[2])):
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(5)
+    try:
+        s.connect(sys.argv[1])
+        held.append(s)
+    except OSError:
+        s.close()
+print(len(held), flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_flood_of_idle_connections_leaves_other_users_and_their_jobs_served(tmp_path, shared_dir, local_users):
+    """ftd under a 384-descriptor limit. Bob holds 300 idle connections on the unix socket and two TCP
+    peers 300 each, sending nothing (before: ftd reached its limit, Alice and root could not connect
+    and a job's start failed on `pipe: Too many open files`). Each flooding peer gets its share and
+    no more, the rest closed with a reason in ftd's log; Alice's submit and job, and root's list, work."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))  # this test's 600 sockets
+    d = Daemon(tmp_path, socket=shared_dir / "ftd.sock", nofile=384,
+               scripts={"alice-run": {"result": "SUCCEEDED", "message": "done"}})
+    bob = None
+    tcp = []
+    try:
+        bob = subprocess.Popen(["runuser", "-u", BOB, "--", "/usr/bin/python3", "-c", HOLD_UNIX, str(d.socket), "300"],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        for peer in ("127.0.0.2", "127.0.0.3"):
+            for _ in range(300):
+                s = socket.socket()
+                s.bind((peer, 0))
+                s.connect(("127.0.0.1", d.port))
+                tcp.append(s)
+        assert int(bob.stdout.readline()) > 0
+        wait_for(lambda: all(f"refused a connection from {who}" in d.read_log()
+                             for who in (f"local user {BOB}", "ipv4:127.0.0.2", "ipv4:127.0.0.3")),
+                 60, "ftd to refuse the flooding peers")
+        log = d.read_log()
+        assert "the limit per peer" in log, log[-3000:]
+        # A peer's connections beyond its share were closed at once (the rest wait out the handshake timeout).
+        closed = sum(closed_by_peer(s, 0.01) for s in tcp[:300])
+        assert closed >= 300 - 64, closed
+        # Alice and root are served, and Alice's job runs to its end.
+        assert ok(as_user(ALICE, d, "--timeout", "20", "submit", "--default", "--name", "alice-run", "--set", "steps=1",
+                          "--wait", timeout=120))
+        assert ok(ftctl(d, "--timeout", "20", "list"))
+        open_fds = len(os.listdir(f"/proc/{d.proc.pid}/fd"))
+        assert open_fds < 384 - 64, open_fds
+        assert "Too many open files" not in d.read_log()
+    finally:
+        for s in tcp:
+            s.close()
+        if bob is not None:
+            bob.stdin.close()
+            bob.wait(timeout=30)
+        d.stop()
+
+
+def test_a_connection_that_never_finishes_its_handshake_or_calls_is_closed(tmp_path, pki):
+    """Over TLS: a TCP connection that sends nothing is closed once the handshake timeout has passed,
+    and one that finished its TLS handshake but makes no call once the idle timeout has (before:
+    both stayed open, two minutes and for ever)."""
+    cert, key = pki["server"]
+    d = Daemon(tmp_path, "--tls-cert", str(cert), "--tls-key", str(key), "--handshake-timeout-s", "1",
+               "--idle-connection-timeout-s", "2")
+    try:
+        silent = socket.create_connection(("127.0.0.1", d.port))
+        t0 = time.monotonic()
+        assert closed_by_peer(silent, 30), "a connection that sent nothing is still open"
+        assert time.monotonic() - t0 >= 0.5
+        ctx = ssl.create_default_context(cafile=str(pki["ca"]))
+        ctx.set_alpn_protocols(["h2"])
+        tls = ctx.wrap_socket(socket.create_connection(("127.0.0.1", d.port)), server_hostname="localhost")
+        tls.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes.fromhex("000000040000000000"))  # preface, SETTINGS
+        assert closed_by_peer(tls, 30), "a connection that made no call is still open"
+        # A client that does call is served, and reconnects by itself once its idle connection was closed.
+        token = make_token(d, "carol")
+        cfg = tmp_path / "ftctl.json"
+        cfg.write_text(json.dumps({"current_context": "c", "contexts": {"c": {
+            "addr": f"localhost:{d.port}", "ca_file": str(pki["ca"]), "token_file": str(token)}}}))
+        env = dict(os.environ, FTCTL_CONFIG=str(cfg))
+        env.pop("FTD_ADDR", None)
+        p = subprocess.run([str(FTCTL), "whoami"], capture_output=True, text=True, env=env, timeout=60)
+        assert ok(p).startswith("carol (user)")
+    finally:
+        d.stop()
+
+
+def test_the_connection_limit_is_checked_against_the_descriptor_limit_at_start(tmp_path):
+    def start(nofile, *flags):
+        return subprocess.run([str(FTD), "--data-dir", str(tmp_path / "data"), "--socket", str(tmp_path / "s.sock"),
+                               "--listen", "", "--metrics-listen", "", "--gpus", "0", *flags], capture_output=True,
+                              text=True, timeout=60,
+                              preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile)))
+    p = start(64)
+    assert p.returncode == 1, p.stderr
+    assert "the descriptor limit (RLIMIT_NOFILE 64)" in p.stderr and "raise the limit (ulimit -n" in p.stderr, p.stderr
+    p = start(1024, "--max-connections", "5000")
+    assert p.returncode == 1, p.stderr
+    assert "--max-connections 5000 does not fit the descriptor limit (RLIMIT_NOFILE 1024)" in p.stderr, p.stderr
+    assert "lower it" in p.stderr
+
+
 # --- unauthenticated calls -------------------------------------------------------------------------
 
 def test_unauthenticated_calls_are_refused_unparsed_and_audited_a_few_a_minute(tmp_path):
