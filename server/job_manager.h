@@ -294,6 +294,7 @@ class JobManager {
   int64_t next_retention_ms_ = 0;  // steady ms of the next retention run
   int64_t unrecorded_ = 0;  // attempts whose outcome waits in memory (the ftd_unrecorded_outcomes gauge)
   std::vector<ftd::v1::Job> unrecovered_;  // left RUNNING by a previous daemon; the restart not yet written
+  std::map<std::string, int> short_starts_;  // job id -> launches in a row ftd was too short of resources for
 
   std::mutex loop_mu_;
   std::condition_variable loop_cv_;

@@ -101,6 +101,8 @@ void JobManager::LaunchedLocked(const LaunchRequest& req, const absl::StatusOr<i
     end.drain = a.drain;
     end.started = false;
     end.start_error = std::string(pid.status().message());
+    // The launcher says RESOURCE_EXHAUSTED when ftd itself ran out (descriptors, memory for a pipe).
+    end.start_short = absl::IsResourceExhausted(pid.status());
     FinishLocked(a, end);
     *kick = true;
     return;
@@ -239,6 +241,14 @@ bool JobManager::FinishLocked(Attempt& a, const WorkerEnd& end) {
       job.set_state(ftd::v1::QUEUED);
       job.set_attempt(job.attempt() - 1);  // not the job's failure: the attempt does not count
       job.set_message(v.message);
+    } else if (info.retry == Retry::kFreeAfterBackoff) {
+      // Not the job's failure either, but trying again at once would most likely fail the same way.
+      const int in_a_row = short_starts_[a.job_id] + 1;
+      const int64_t wait_ms = RetryDelayMs(in_a_row, cfg_.backoff_base_ms, cfg_.backoff_max_ms);
+      job.set_state(ftd::v1::QUEUED);
+      job.set_attempt(job.attempt() - 1);
+      job.set_not_before_unix_ms(now + wait_ms);
+      job.set_message(absl::StrCat(v.message, " in ", wait_ms / 1000.0, " s (", in_a_row, " in a row)"));
     } else {
       job.set_state(info.final_state);
       job.set_finished_unix_ms(now);
@@ -277,6 +287,11 @@ bool JobManager::FinishLocked(Attempt& a, const WorkerEnd& end) {
     metrics_->UnrecordedOutcomes(--unrecorded_);
   }
   if (retried) metrics_->Retry(info.code);
+  if (info.retry == Retry::kFreeAfterBackoff) {
+    ++short_starts_[a.job_id];
+  } else {
+    short_starts_.erase(a.job_id);
+  }
   UsageInterval used;
   {
     std::lock_guard<std::mutex> view(view_mu_);
