@@ -122,7 +122,7 @@ class Authenticator {
 // through UnauthenticatedAudit, aggregated per peer.
 class CallAuth {
  public:
-  // `limits`: applied to every call of a non-admin (null: none).
+  // `limits`: applied to every call (null: none).
   CallAuth(const Authenticator* auth, AuthStore* audit, const Clock* clock, CallLimiter* limits = nullptr)
       : auth_(auth), audit_(audit), clock_(clock), limits_(limits), refused_(audit, clock) {}
 
@@ -136,8 +136,9 @@ class CallAuth {
 
   static bool IsMutating(const std::string& method);
 
-  // Counts the call `ctx` of `who` against the rate and stream limits (server/call_limits.h), keyed
-  // by user and connection: RESOURCE_EXHAUSTED naming the limit, or a lease to hold while it runs.
+  // Counts the call `ctx` of `who` against the rate and stream limits (server/call_limits.h; an
+  // admin's against the admin stream limit only), keyed by user and connection: RESOURCE_EXHAUSTED
+  // naming the limit, or a lease to hold while it runs.
   absl::StatusOr<CallLimiter::Lease> Admit(const grpc::ServerContextBase* ctx, const Identity& who, bool stream) const;
 
   // Before an audited call changes anything: its record, with the outcome still unknown. An error

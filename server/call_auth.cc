@@ -226,8 +226,8 @@ void CallAuth::Forget(const grpc::ServerContextBase* ctx, const void* by) {
 
 absl::StatusOr<CallLimiter::Lease> CallAuth::Admit(const grpc::ServerContextBase* ctx, const Identity& who,
                                                    bool stream) const {
-  if (limits_ == nullptr || who.role() == ftd::v1::ROLE_ADMIN) return CallLimiter::Lease();
-  return limits_->Admit(who.user(), ctx->peer(), stream);
+  if (limits_ == nullptr) return CallLimiter::Lease();
+  return limits_->Admit(who.user(), ctx->peer(), stream, who.role() == ftd::v1::ROLE_ADMIN);
 }
 
 absl::StatusOr<Identity> CallAuth::Caller(const grpc::ServerContextBase* ctx) const {

@@ -115,6 +115,9 @@ void AddDaemonFlags(CLI::App& app, DaemonFlags* f, TokenFlags* t) {
   app.add_option("--max-streams-per-connection", f->limits.connection_streams,
                  "streaming calls one connection of a non-admin may have open at once (0: no limit)")
       ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--max-streams-per-admin", f->limits.admin_streams,
+                 "streaming calls one admin may have open at once (each holds a daemon thread; 0: no limit)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
   app.add_option("--max-connections", f->connections.total,
                  "client connections open at once, both listeners; TCP peers together get three quarters (0: as "
                  "many as the descriptor limit leaves room for, at most 4096; checked at start)")

@@ -174,6 +174,36 @@ def test_the_connection_limit_is_checked_against_the_descriptor_limit_at_start(t
     assert "lower it" in p.stderr
 
 
+def test_an_admin_has_a_stream_limit_too(tmp_path):
+    d = Daemon(tmp_path, "--paused", "--max-streams-per-admin", "3")
+    try:
+        svc = JobService(grpc.insecure_channel(d.addr))
+        job = svc.SubmitJob(msg("SubmitJobRequest")(spec=spec(TINY)), timeout=20).job.id
+        streams = []
+        for _ in range(3):
+            it = svc.WatchJob(msg("WatchJobRequest")(id=job), timeout=60)
+            next(it)  # open on the daemon
+            streams.append(it)
+        with pytest.raises(grpc.RpcError) as e:
+            next(svc.WatchJob(msg("WatchJobRequest")(id=job), timeout=60))
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e.value.details()
+        assert "admin root has 3 streaming calls open" in e.value.details(), e.value.details()
+        assert "(--max-streams-per-admin 3)" in e.value.details()
+        streams.pop().cancel()
+        wait_for(lambda: _opens(svc, job), 10, "the closed stream's place")
+    finally:
+        d.stop()
+
+
+def _opens(svc, job):
+    try:
+        next(svc.WatchJob(msg("WatchJobRequest")(id=job), timeout=60))
+        return True
+    except grpc.RpcError as e:
+        assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e.details()
+        return False
+
+
 # --- unauthenticated calls -------------------------------------------------------------------------
 
 def test_unauthenticated_calls_are_refused_unparsed_and_audited_a_few_a_minute(tmp_path):
