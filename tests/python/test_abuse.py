@@ -315,3 +315,18 @@ def test_text_from_jobs_reaches_the_log_and_terminals_escaped(tmp_path):
         d.stop()
 
 
+# --- YAML ------------------------------------------------------------------------------------------
+
+def test_yaml_aliases_that_expand_without_end_are_refused_naming_the_file(tmp_path):
+    """Nine levels of aliases in 300-odd bytes once kept ftctl busy for minutes, growing to gigabytes."""
+    lines = ["a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    for i in range(1, 10):
+        lines.append(f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]")
+    bomb = tmp_path / "laughs.yaml"
+    bomb.write_text("\n".join(lines) + "\n")
+    t0 = time.monotonic()
+    p = subprocess.run([str(FTCTL), "--addr", "unix:/nonexistent", "submit", str(bomb)], capture_output=True,
+                       text=True, timeout=30)
+    assert p.returncode == 64, (p.returncode, p.stderr)
+    assert f"{bomb}: the YAML spec expands to more than 100000 values" in p.stderr, p.stderr
+    assert time.monotonic() - t0 < 10
