@@ -81,6 +81,11 @@ struct ManagerConfig {
   int64_t retention_check_ms = 3600'000;
   // The directories a job's paths may name (spec/sandbox.h); none configured: not confined.
   ftd::spec::SandboxConfig sandbox;
+  // Who the workers run as: this uid (ftd's own, or --worker-user), or, for a job with an owner_uid,
+  // that owner (--workers-as-owner). With no roots, a local user's job whose workers run as someone
+  // else may name only paths its owner could use (spec::CheckUserMayUse).
+  uid_t workers_uid = 0;
+  bool workers_as_owner = false;
 };
 
 // What DeleteJob and PruneJobs removed.

@@ -61,6 +61,16 @@ absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::SubmitWith(
   env.host_gpus = cfg_.gpus;          // or spec.gpus of them, all of one host
   auto config = ftd::spec::Validate(req.spec(), env);
   if (!config.ok()) return config.status();
+  // Without roots the workers open the spec's paths with their own rights: a local user's job names
+  // only what its owner could use (root's workers would read /etc/shadow for anyone otherwise).
+  if (!cfg_.sandbox.enabled() && owner_uid.has_value() && *owner_uid != 0 && *owner_uid != cfg_.workers_uid &&
+      !cfg_.workers_as_owner) {
+    auto owner = LookUpOwner(*owner_uid);
+    if (!owner.ok()) return owner.status();
+    if (auto st = ftd::spec::CheckUserMayUse(*config, {owner->name, owner->uid, owner->gid, owner->groups}); !st.ok()) {
+      return st;
+    }
+  }
   if (auto st = ftd::spec::CheckInputFiles(*config); !st.ok()) return st;
   const bool gpu = cfg_.gpus > 0 && config->device != "cpu";
   int64_t predicted = 0;

@@ -163,6 +163,8 @@ int main(int argc, char** argv) {
   mc.quotas = quotas;
   mc.retention_ms = retention_ms;
   mc.sandbox = flags.sandbox;
+  mc.workers_uid = run_as.has_value() ? run_as->uid : ::geteuid();
+  mc.workers_as_owner = flags.workers_as_owner;
   mc.retention_check_ms = std::clamp<int64_t>(retention_ms / 10, 1000, 3600'000);
   ftd::server::JobManager manager(mc, store->get(), &metrics, &launcher, &clock);
 
