@@ -1,8 +1,9 @@
-"""ListJobs latency against a real ftd holding many jobs: idle, then under load. Prints markdown tables
-and writes list_bench.json.
+"""ListJobs latency against a real ftd holding many jobs: idle, then under load; and how long ftd takes
+to restart as its queue grows. Prints markdown tables and writes list_bench.json.
 
   python3 bench/list_bench.py --build build --out DIR [--jobs 10000] [--queued 10000] [--owners 10]
                               [--idle-samples 200] [--watchers 50] [--clients 20] [--seconds 30]
+                              [--restarts 5] [--restart-at 1000,10000]
 
 ftd runs --paused (jobs are stored, none starts) on a fresh data directory. The store is filled with
 --jobs jobs over gRPC, owners user0..user<owners-1> in turn; all but the newest --queued are then
@@ -14,6 +15,10 @@ and --clients clients that each loop: SubmitJob, GetJob, ListJobs (a page of 50)
 job they submitted (the queue stays at its size). Load runs in separate processes (8 at most) so
 that Python's GIL in the measuring process does not slow the measurement; the measuring process
 only lists.
+
+Restarts: while the store is filled, at each --restart-at size (jobs queued then), ftd is killed
+(SIGKILL) and started again --restarts times; each start is timed from the process's start to its
+"serving on" line (written once it has recovered its queue and listens), read from its log.
 """
 import argparse
 import json
@@ -70,7 +75,7 @@ def start_ftd(build, data, log_path, max_queued):
     # Clients on ftd's unix socket: the benchmark, as the user who started ftd, is an admin there.
     sock, metrics = Path(data) / "ftd.sock", f"127.0.0.1:{free_port()}"
     addr = f"unix:{sock}"
-    log = open(log_path, "wb")
+    log = open(log_path, "ab")
     proc = subprocess.Popen([str(Path(build) / "server" / "ftd"), "--listen", "", "--socket", str(sock),
                              "--metrics-listen", metrics,
                              "--data-dir", str(data), "--gpus", "0", "--paused", "--max-queued", str(max_queued)],
@@ -84,15 +89,40 @@ def start_ftd(build, data, log_path, max_queued):
     return proc, addr, ch
 
 
-def fill(addr, jobs, owners, threads=8):
-    """Submits `jobs` jobs; returns their ids in submission order."""
+def time_restarts(build, data, log_path, max_queued, proc, n):
+    """Kills ftd (SIGKILL) and starts it again `n` times; returns (the last process, its address, a
+    channel to it, the start times in ms: process start to its "serving on" line)."""
+    times = []
+    addr = ch = None
+    for _ in range(n):
+        proc.kill()
+        proc.wait(timeout=60)
+        start = Path(log_path).stat().st_size
+        t0 = time.monotonic()
+        proc, addr, ch = start_ftd(build, data, log_path, max_queued)
+        end = time.monotonic() + 120
+        while time.monotonic() < end:
+            with open(log_path, "rb") as f:
+                f.seek(start)
+                if b"ftd: serving on " in f.read():
+                    break
+            time.sleep(0.001)
+        else:
+            raise RuntimeError(f"ftd did not say it serves after a restart (log: {log_path})")
+        times.append((time.monotonic() - t0) * 1e3)
+    return proc, addr, ch, times
+
+
+def fill(addr, jobs, owners, threads=8, first=0):
+    """Submits `jobs` jobs (numbered from `first`); returns their ids in submission order."""
     svc = JobService(grpc.insecure_channel(addr))
     spec_msg = spec(TINY)
     ids = [None] * jobs
 
     def one(i):
-        r = svc.SubmitJob(msg("SubmitJobRequest")(spec=spec_msg, owner=f"user{i % owners}", name=f"fill-{i}",
-                                                  request_id=f"fill-{i}"), timeout=120)
+        k = first + i
+        r = svc.SubmitJob(msg("SubmitJobRequest")(spec=spec_msg, owner=f"user{k % owners}", name=f"fill-{k}",
+                                                  request_id=f"fill-{k}"), timeout=120)
         ids[i] = r.job.id
 
     with ThreadPoolExecutor(threads) as ex:
@@ -194,6 +224,9 @@ def main():
     ap.add_argument("--seconds", type=float, default=30)
     ap.add_argument("--load-procs", type=int, default=8)
     ap.add_argument("--label", default="", help="a name for this build in the output (e.g. a commit)")
+    ap.add_argument("--restarts", type=int, default=5, help="timed restarts at each --restart-at size")
+    ap.add_argument("--restart-at", default="1000,10000",
+                    help="queue sizes (jobs queued) at which restarts are timed; sizes above --jobs are left out")
     # internal: a load process
     ap.add_argument("--role", default="main", choices=["main", "load"])
     ap.add_argument("--addr")
@@ -207,13 +240,24 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     queued = args.jobs if args.queued is None else args.queued
     tmp = Path(tempfile.mkdtemp(prefix="ftd-list-bench-"))
-    proc, addr, ch = start_ftd(args.build, tmp / "data", out / "ftd-list-bench.log", max(args.jobs, 1000) * 2)
-    result = {"label": args.label, "jobs": args.jobs, "queued": queued, "page_size": PAGE}
+    log_path, max_queued = out / "ftd-list-bench.log", max(args.jobs, 1000) * 2
+    log_path.unlink(missing_ok=True)
+    proc, addr, ch = start_ftd(args.build, tmp / "data", log_path, max_queued)
+    result = {"label": args.label, "jobs": args.jobs, "queued": queued, "page_size": PAGE, "restarts": []}
     try:
         svc = JobService(ch)
-        t0 = time.monotonic()
-        ids = fill(addr, args.jobs, args.owners)
-        result["fill_s"] = time.monotonic() - t0
+        ids, filled, result["fill_s"] = [], 0, 0.0
+        restart_at = {int(x) for x in args.restart_at.split(",") if x and 0 < int(x) <= args.jobs}
+        for size in sorted(restart_at | {args.jobs}):
+            t0 = time.monotonic()
+            ids += fill(addr, size - filled, args.owners, first=filled)
+            result["fill_s"] += time.monotonic() - t0
+            filled = size
+            if args.restarts > 0 and size in restart_at:
+                proc, addr, ch, times = time_restarts(args.build, tmp / "data", log_path, max_queued, proc,
+                                                      args.restarts)
+                result["restarts"].append({"queued": size, **summary(times)})
+        svc = JobService(ch)
         for i in ids[: args.jobs - queued]:
             svc.CancelJob(msg("CancelJobRequest")(id=i), timeout=120)
         # A real token from the middle: page there in pages of 500.
@@ -267,6 +311,11 @@ def main():
     print(f"\nload: {ld['watchers']} watchers, {ld['clients']} clients, {ld['client_loops_per_s']:.1f} client loops/s "
           f"(submit, get, list, cancel), {ld['watch_events']} watch events, {ld['errors']} errors; "
           f"database {result['ftd.db_bytes'] / 2**20:.1f} MiB, WAL {result['ftd.db-wal_bytes'] / 2**20:.1f} MiB")
+    if result["restarts"]:
+        print("\n| jobs queued | restarts | start p50 (ms) | start max (ms) |")
+        print("|---:|---:|---:|---:|")
+        for r in result["restarts"]:
+            print(f"| {r['queued']} | {r['n']} | {r['p50_ms']:.0f} | {r['max_ms']:.0f} |")
 
 
 if __name__ == "__main__":

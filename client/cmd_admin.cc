@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "client/commands.h"
+#include "client/render.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace ftd::client {
@@ -58,8 +59,8 @@ Command AddWhoAmI(CLI::App& app) {
   return {c, [](Context& ctx) {
             auto id = ctx.client().WhoAmI();
             if (!id.ok()) return Fail(id.status());
-            std::cout << id->user() << " (" << RoleName(id->role()) << ") via " << id->via() << ", from " << id->peer()
-                      << std::endl;
+            std::cout << Shown(id->user()) << " (" << RoleName(id->role()) << ") via " << Shown(id->via()) << ", from "
+                      << Shown(id->peer()) << std::endl;
             return kExitOk;
           }};
 }
@@ -123,16 +124,18 @@ Command AddAdmin(CLI::App& app) {
               std::cout << absl::StrFormat("%-12s  %-16s  %-5s  %-19s  %-19s  %-19s  %s\n", "ID", "USER", "ROLE", "CREATED",
                                            "EXPIRES", "REVOKED", "DESCRIPTION");
               for (const auto& t : r->tokens()) {
-                std::cout << absl::StrFormat("%-12s  %-16s  %-5s  %-19s  %-19s  %-19s  %s\n", t.id(), t.user(),
-                                             RoleName(t.role()), When(t.created_unix_ms()), When(t.expires_unix_ms()),
-                                             When(t.revoked_unix_ms()), t.description());
+                std::cout << absl::StrFormat("%-12s  %-16s  %-5s  %-19s  %-19s  %-19s  %s\n", Shown(t.id()),
+                                             Shown(t.user()), RoleName(t.role()), When(t.created_unix_ms()),
+                                             When(t.expires_unix_ms()), When(t.revoked_unix_ms()),
+                                             Shown(t.description()));
               }
               return kExitOk;
             }
             if (revoke->parsed()) {
               auto t = ctx.client().RevokeToken(f->id);
               if (!t.ok()) return Fail(t.status());
-              std::cout << "token " << t->id() << " of " << t->user() << " revoked at " << When(t->revoked_unix_ms())
+              std::cout << "token " << Shown(t->id()) << " of " << Shown(t->user()) << " revoked at "
+                        << When(t->revoked_unix_ms())
                         << " UTC" << std::endl;
               return kExitOk;
             }
@@ -150,9 +153,11 @@ Command AddAdmin(CLI::App& app) {
                                          "ACTION", "TARGET", "OUTCOME", "FROM / DETAIL");
             for (const auto& a : r->records()) {
               std::cout << absl::StrFormat("%-6d  %-19s  %-12s  %-14s  %-10s  %-18s  %s (%s) %s%s\n", a.seq(),
-                                           When(a.unix_ms()), a.user().empty() ? "-" : a.user(), a.action(),
-                                           a.target().empty() ? "-" : a.target(), a.code(), a.peer(), a.via(),
-                                           a.detail(), a.message().empty() ? "" : ": " + a.message());
+                                           When(a.unix_ms()), a.user().empty() ? "-" : Shown(a.user()),
+                                           Shown(a.action()),
+                                           a.target().empty() ? "-" : Shown(a.target()), Shown(a.code()),
+                                           Shown(a.peer()), Shown(a.via()), Shown(a.detail()),
+                                           a.message().empty() ? "" : ": " + Shown(a.message()));
             }
             return kExitOk;
           }};

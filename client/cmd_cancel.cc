@@ -2,6 +2,7 @@
 #include <iostream>
 
 #include "client/commands.h"
+#include "client/render.h"
 
 namespace ftd::client {
 
@@ -23,8 +24,8 @@ Command AddCancel(CLI::App& app) {
                 if (Interrupted()) break;
                 continue;
               }
-              std::cout << job->id() << " " << ftd::v1::JobState_Name(job->state()) << " " << job->reason() << ": "
-                        << job->message() << std::endl;
+              std::cout << Shown(job->id()) << " " << ftd::v1::JobState_Name(job->state()) << " "
+                        << Shown(job->reason()) << ": " << Shown(job->message()) << std::endl;
             }
             return rc;
           }};

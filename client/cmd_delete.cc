@@ -4,6 +4,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_format.h"
 #include "client/commands.h"
+#include "client/render.h"
 #include "client/shared_flags.h"
 #include "spec/duration.h"
 
@@ -46,7 +47,7 @@ int RunPrune(const PruneFlags& f, Context& ctx) {
   req.set_dry_run(f.dry_run);
   auto r = ctx.client().Prune(req);
   if (!r.ok()) return Fail(r.status());
-  for (const auto& id : r->ids()) std::cout << id << "\n";
+  for (const auto& id : r->ids()) std::cout << Shown(id) << "\n";
   std::cerr << (f.dry_run ? "would delete " : "deleted ") << r->ids_size() << " job(s), "
             << (f.dry_run ? "freeing " : "freed ") << Size(r->freed_bytes()) << std::endl;
   return kExitOk;
@@ -66,7 +67,7 @@ Command AddDelete(CLI::App& app) {
                 rc = Fail(r.status());
                 continue;
               }
-              std::cout << r->id() << " deleted (" << Size(r->freed_bytes()) << " freed)" << std::endl;
+              std::cout << Shown(r->id()) << " deleted (" << Size(r->freed_bytes()) << " freed)" << std::endl;
             }
             return rc;
           }};

@@ -1,6 +1,10 @@
 // ftctl logs ID [-f] [--tail LINES] [--tail-bytes BYTES]: a follow survives a daemon restart (it resumes at the byte offset
 // after the last one printed).
+#include <unistd.h>
+
 #include <iostream>
+
+#include "client/output.h"
 
 #include "client/commands.h"
 
@@ -25,8 +29,11 @@ Command AddLogs(CLI::App& app) {
             req->set_tail_lines(*tail);
             req->set_tail_bytes(*tail_bytes);
             bool reconnecting = false;
+            // On a terminal the log's control characters are shown as escapes (newlines and tabs pass);
+            // into a pipe or a file it goes byte for byte.
+            StreamPrinter out(std::cout, ::isatty(STDOUT_FILENO) == 1);
             auto st = ctx.client().Logs(
-                *req, [](const std::string& data) { std::cout << data << std::flush; },
+                *req, [&](const std::string& data) { out.Write(data); },
                 [&](ConnectionEvent c, const std::string& why) {
                   if (c == ConnectionEvent::kLost && !reconnecting) {
                     std::cerr << "ftctl: lost the connection to ftd (" << why << "); reconnecting for up to "
@@ -36,6 +43,7 @@ Command AddLogs(CLI::App& app) {
                   }
                   reconnecting = c == ConnectionEvent::kLost;
                 });
+            out.Finish();
             if (!st.ok()) return Fail(st);
             return kExitOk;
           }};

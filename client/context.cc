@@ -17,6 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "client/render.h"
 #include "nlohmann/json.hpp"
 
 namespace ftd::client {
@@ -28,12 +29,12 @@ int Fail(const absl::Status& st) {
     std::cerr << "ftctl: interrupted" << std::endl;
     return kExitInterrupted;
   }
-  std::cerr << "ftctl: " << absl::StatusCodeToString(st.code()) << ": " << st.message() << std::endl;
+  std::cerr << "ftctl: " << absl::StatusCodeToString(st.code()) << ": " << Shown(st.message()) << std::endl;
   return kExitCallFailed;
 }
 
 int Usage(const std::string& msg) {
-  std::cerr << "ftctl: " << msg << std::endl;
+  std::cerr << "ftctl: " << Shown(msg) << std::endl;
   return kExitUsage;
 }
 

@@ -62,12 +62,15 @@ int Follow(JobClient& client, const std::string& id, FollowOutput output) {
 void PrintOutcome(JobClient& client, const std::string& id, int rc, std::ostream& out) {
   if (rc > kExitJobCancelled) return;
   auto job = client.Get(id);
-  if (job.ok()) out << job->id() << " " << ftd::v1::JobState_Name(job->state()) << ": " << job->message() << std::endl;
+  if (job.ok()) {
+    out << Shown(job->id()) << " " << ftd::v1::JobState_Name(job->state()) << ": " << Shown(job->message())
+        << std::endl;
+  }
 }
 
 int Submitted(JobClient& client, const absl::StatusOr<ftd::v1::SubmitJobResponse>& resp, bool wait) {
   if (!resp.ok()) return Fail(resp.status());
-  std::cout << resp->job().id() << std::endl;
+  std::cout << Shown(resp->job().id()) << std::endl;
   if (!resp->created()) std::cerr << "ftctl: request id already used: this is the existing job" << std::endl;
   if (!wait) return kExitOk;
   const int rc = Follow(client, resp->job().id(), FollowOutput::kNone);

@@ -2,13 +2,40 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <map>
 
 #include "client/cli_help.h"
+#include "spec/text.h"
 
 namespace ftd::client {
 
 using nlohmann::ordered_json;
+
+void StreamPrinter::Write(std::string_view chunk) {
+  if (!escape_) {
+    out_ << chunk << std::flush;
+    return;
+  }
+  std::string text = carry_ + std::string(chunk);
+  // Holds back the start of a UTF-8 sequence the chunk ends in (at most 3 bytes) for the next one.
+  size_t keep = 0;
+  for (size_t back = 1; back <= std::min<size_t>(3, text.size()); ++back) {
+    const auto c = static_cast<unsigned char>(text[text.size() - back]);
+    if ((c & 0xC0) == 0x80) continue;  // a continuation byte: look further back
+    const size_t need = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 1;
+    if (need > back) keep = back;
+    break;
+  }
+  carry_ = text.substr(text.size() - keep);
+  text.resize(text.size() - keep);
+  out_ << ftd::spec::EscapeControl(text, "\n\t") << std::flush;
+}
+
+void StreamPrinter::Finish() {
+  if (!carry_.empty()) out_ << ftd::spec::EscapeControl(carry_, "\n\t") << std::flush;
+  carry_.clear();
+}
 
 CLI::Option* AddOutputFlag(CLI::App* cmd, OutputFormat* format) {
   // In the order of OutputFormat's values.
@@ -50,7 +77,8 @@ void EmitYaml(const ordered_json& v, YAML::Emitter& out) {
       break;
     case ordered_json::value_t::string: {
       const std::string s = v.get<std::string>();
-      if (!ReadsBackAsString(s)) out << YAML::DoubleQuoted;
+      // Double-quoted YAML writes control characters as escapes.
+      if (!ReadsBackAsString(s) || ftd::spec::FindControlChar(s).has_value()) out << YAML::DoubleQuoted;
       out << s;
       break;
     }

@@ -10,11 +10,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "spec/text.h"
 
 namespace ftd::client {
 
 using ftd::v1::Job;
 using ftd::v1::JobEvent;
+
+std::string Shown(absl::string_view s) { return ftd::spec::EscapeControl(std::string_view(s.data(), s.size())); }
 
 double JobDurationS(const Job& j, int64_t now_unix_ms) {
   if (j.started_unix_ms() <= 0) return -1;
@@ -85,11 +88,11 @@ std::string JobsTable(const std::vector<Job>& jobs, int64_t now_unix_ms) {
     std::string gpu = g < 0 ? "-" : absl::StrCat(g);
     if (g >= 0 && on_gpu[g] > 1) absl::StrAppend(&gpu, " (", on_gpu[g], " jobs)");
     const double run_s = JobDurationS(j, now_unix_ms);
-    rows.push_back({j.id(), j.name().empty() ? "-" : j.name(), ftd::v1::JobState_Name(j.state()),
-                    j.reason().empty() ? "-" : j.reason(), KindName(j.kind()), StepCell(j),
+    rows.push_back({Shown(j.id()), j.name().empty() ? "-" : Shown(j.name()), ftd::v1::JobState_Name(j.state()),
+                    j.reason().empty() ? "-" : Shown(j.reason()), KindName(j.kind()), StepCell(j),
                     j.has_last_step() && j.last_step().step() > 0 ? absl::StrFormat("%.4f", j.last_step().loss()) : "-",
                     j.created_unix_ms() > 0 ? FormatDuration((now_unix_ms - j.created_unix_ms()) / 1000.0) : "-",
-                    run_s < 0 ? "-" : FormatDuration(run_s), absl::StrCat(j.priority()), j.owner(), gpu});
+                    run_s < 0 ? "-" : FormatDuration(run_s), absl::StrCat(j.priority()), Shown(j.owner()), gpu});
   }
   std::vector<size_t> width(rows[0].size(), 0);
   for (const auto& r : rows) {
@@ -108,7 +111,7 @@ std::string JobsTable(const std::vector<Job>& jobs, int64_t now_unix_ms) {
 }
 
 std::string PhaseText(const ftd::v1::JobPhase& p) {
-  std::string out = absl::StrCat(p.phase(), " after step ", p.after_step(), ": ",
+  std::string out = absl::StrCat(Shown(p.phase()), " after step ", p.after_step(), ": ",
                                  FormatBytes(static_cast<uint64_t>(std::max<int64_t>(p.done_bytes(), 0))), " of ",
                                  FormatBytes(static_cast<uint64_t>(std::max<int64_t>(p.total_bytes(), 0))));
   if (p.has_eta_s()) absl::StrAppend(&out, ", about ", FormatDuration(std::ceil(p.eta_s())), " left");
@@ -156,7 +159,7 @@ std::string JobText(const Job& j, int64_t now_unix_ms) {
                                             " and admins only"));
   }
   std::string out;
-  for (const auto& [k, v] : kv) out += absl::StrFormat("%-15s %s\n", k + ":", v.empty() ? "-" : v);
+  for (const auto& [k, v] : kv) out += absl::StrFormat("%-15s %s\n", k + ":", v.empty() ? "-" : Shown(v));
   return out;
 }
 

@@ -9,10 +9,17 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "ftd/v1/jobs.pb.h"
 #include "nlohmann/json.hpp"
 
 namespace ftd::client {
+
+// `s` as a terminal may show it: control characters written as escapes ("\n", "\x1b"; spec/text.h),
+// so that a job name, a message or a log line can neither split a table nor move the cursor, clear
+// the screen or retitle the window. Every table and line ftctl prints from text it did not write
+// itself goes through it.
+std::string Shown(absl::string_view s);
 
 // proto3 JSON with the .proto field names and every scalar present (stable keys for scripts), in
 // field order; 64-bit integers are JSON numbers (proto3 JSON writes them as strings), as in

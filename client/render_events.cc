@@ -75,7 +75,10 @@ int TerminalColumns(int fd) {
   return 80;
 }
 
-std::string EventLine(const JobEvent& e, double smoothed_step_time_s) {
+namespace {
+
+// The event as text, before Shown (render.h) escapes what came from the job.
+std::string EventText(const JobEvent& e, double smoothed_step_time_s) {
   const std::string when = FormatTimeUtc(e.unix_ms());
   if (e.has_step()) return absl::StrJoin(StepFields(e.step(), smoothed_step_time_s), "  ");
   if (e.has_state()) {
@@ -94,6 +97,12 @@ std::string EventLine(const JobEvent& e, double smoothed_step_time_s) {
                         e.result().message().empty() ? "" : absl::StrCat(": ", e.result().message()));
   }
   return absl::StrCat(when, "  (unknown event ", e.seq(), ")");
+}
+
+}  // namespace
+
+std::string EventLine(const JobEvent& e, double smoothed_step_time_s) {
+  return Shown(EventText(e, smoothed_step_time_s));
 }
 
 }  // namespace ftd::client

@@ -54,16 +54,19 @@ std::map<std::string, std::pair<double, double>> CompareCategories(const ftd::v1
 std::string CompareTable(const std::string& a_id, const ftd::v1::ProfileReport& a, const std::string& b_id,
                          const ftd::v1::ProfileReport& b, int top) {
   const char* unit = a.device() == "cpu" && b.device() == "cpu" ? "CPU" : "device";
-  std::string out = absl::StrFormat("A = %s (%s, %.1f ms %s time/step)   B = %s (%s, %.1f ms %s time/step)\n\n", a_id,
-                                    a.kernel_set(), a.step_device_ms(), unit, b_id, b.kernel_set(),
+  std::string out = absl::StrFormat("A = %s (%s, %.1f ms %s time/step)   B = %s (%s, %.1f ms %s time/step)\n\n",
+                                    Shown(a_id), Shown(a.kernel_set()), a.step_device_ms(), unit, Shown(b_id),
+                                    Shown(b.kernel_set()),
                                     b.step_device_ms(), unit);
   absl::StrAppendFormat(&out, "%-48s %-9s %-13s %10s %10s %10s %8s %8s %8s\n", "op", "phase", "category", "A ms",
                         "B ms", "B-A ms", "B/A", "A calls", "B calls");
   auto cell = [](const ftd::v1::OpProfile* o, double v) { return o == nullptr ? std::string("-") : absl::StrFormat("%.3f", v); };
   for (const auto& r : CompareOps(a, b, top)) {
     const double da = r.a_ms(), db = r.b_ms();
-    std::string name = r.op.size() > 48 ? r.op.substr(0, 45) + "..." : r.op;
-    absl::StrAppendFormat(&out, "%-48s %-9s %-13s %10s %10s %+10.3f %8s %8s %8s\n", name, r.phase, r.category,
+    const std::string op = Shown(r.op);
+    std::string name = op.size() > 48 ? op.substr(0, 45) + "..." : op;
+    absl::StrAppendFormat(&out, "%-48s %-9s %-13s %10s %10s %+10.3f %8s %8s %8s\n", name, Shown(r.phase),
+                          Shown(r.category),
                           cell(r.a, da), cell(r.b, db), db - da,
                           da > 0 && r.b != nullptr ? absl::StrFormat("%.2fx", db / da) : "-",
                           r.a ? absl::StrFormat("%.0f", r.a->calls()) : "-",
@@ -71,7 +74,7 @@ std::string CompareTable(const std::string& a_id, const ftd::v1::ProfileReport& 
   }
   absl::StrAppendFormat(&out, "\n%-14s %10s %10s %10s\n", "category", "A ms", "B ms", "B-A ms");
   for (const auto& [c, v] : CompareCategories(a, b)) {
-    absl::StrAppendFormat(&out, "%-14s %10.3f %10.3f %+10.3f\n", c, v.first, v.second, v.second - v.first);
+    absl::StrAppendFormat(&out, "%-14s %10.3f %10.3f %+10.3f\n", Shown(c), v.first, v.second, v.second - v.first);
   }
   absl::StrAppendFormat(&out, "%-14s %10.3f %10.3f %+10.3f\n", "step", a.step_device_ms(), b.step_device_ms(),
                         b.step_device_ms() - a.step_device_ms());

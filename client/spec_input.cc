@@ -36,7 +36,15 @@ json PlainScalar(const std::string& s) {
   return s;
 }
 
-json YamlToJson(const YAML::Node& node) {
+// A spec has a few hundred values; aliases that repeat aliases expand exponentially (nine levels of
+// a 306-byte file ran for minutes), so the expansion stops here.
+constexpr int64_t kMaxYamlValues = 100'000;
+constexpr int kMaxYamlDepth = 64;
+
+struct TooLarge {};  // thrown out of YamlToJson when the budget is spent
+
+json YamlToJson(const YAML::Node& node, int64_t& budget, int depth) {
+  if (--budget < 0 || depth > kMaxYamlDepth) throw TooLarge{};
   switch (node.Type()) {
     case YAML::NodeType::Null:
     case YAML::NodeType::Undefined: return nullptr;
@@ -45,12 +53,12 @@ json YamlToJson(const YAML::Node& node) {
       return node.Tag() == "!" ? json(node.Scalar()) : PlainScalar(node.Scalar());
     case YAML::NodeType::Sequence: {
       json a = json::array();
-      for (const auto& item : node) a.push_back(YamlToJson(item));
+      for (const auto& item : node) a.push_back(YamlToJson(item, budget, depth + 1));
       return a;
     }
     case YAML::NodeType::Map: {
       json o = json::object();
-      for (const auto& kv : node) o[kv.first.as<std::string>()] = YamlToJson(kv.second);
+      for (const auto& kv : node) o[kv.first.as<std::string>()] = YamlToJson(kv.second, budget, depth + 1);
       return o;
     }
   }
@@ -66,12 +74,17 @@ absl::StatusOr<ftd::v1::TrainSpec> ParseSpecText(const std::string& name, const 
   std::string as_json = text;
   if (DetectSpecFormat(name, text) == SpecFormat::kYaml) {
     try {
-      const json j = YamlToJson(YAML::Load(text));
+      int64_t budget = kMaxYamlValues;
+      const json j = YamlToJson(YAML::Load(text), budget, 0);
       if (!j.is_object()) {
         return absl::InvalidArgumentError(
             absl::StrCat(name, ": a YAML spec is a mapping of fields, e.g. \"steps: 20\" (docs/job-spec.md)"));
       }
       as_json = j.dump();
+    } catch (const TooLarge&) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, ": the YAML spec expands to more than ", kMaxYamlValues, " values or ", kMaxYamlDepth,
+          " levels (aliases that repeat aliases?); a job spec is far smaller: write it without such aliases"));
     } catch (const YAML::Exception& e) {
       return absl::InvalidArgumentError(absl::StrCat(name, ": spec is not valid YAML: line ", e.mark.line + 1,
                                                      ", column ", e.mark.column + 1, ": ", e.msg));

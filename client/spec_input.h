@@ -18,7 +18,8 @@ SpecFormat DetectSpecFormat(const std::string& name, const std::string& text);
 
 // Parses a spec in either format. YAML is mapped to the same JSON form (plain scalars that read as
 // numbers, booleans or null become those; quoted ones stay strings), so both are checked alike.
-// Errors are INVALID_ARGUMENT naming `name`, and for a syntax error its line and column.
+// Errors are INVALID_ARGUMENT naming `name`, and for a syntax error its line and column. A YAML
+// document whose aliases expand past 100,000 values (or 64 levels) is refused, naming `name`.
 absl::StatusOr<ftd::v1::TrainSpec> ParseSpecText(const std::string& name, const std::string& text);
 
 // Reads and parses the spec at `path` ("-": `in`, i.e. stdin).

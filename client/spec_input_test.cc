@@ -3,6 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace ftd::client {
 namespace {
@@ -63,6 +68,27 @@ TEST(SpecInput, ErrorsNameTheSourceAndWhere) {
   EXPECT_NE(list.status().message().find("mapping"), absl::string_view::npos) << list.status();
   auto empty = ParseSpecText("stdin", "  \n");
   EXPECT_NE(empty.status().message().find("empty"), absl::string_view::npos) << empty.status();
+}
+
+// Nine levels of aliases, each repeating the one below nine times: 9^9 values from a few hundred
+// bytes. Refused at once, naming the file, instead of expanding for minutes.
+TEST(SpecInput, AliasesThatExpandPastTheBoundAreRefused) {
+  std::string text = "a0: &a0 [x, x, x, x, x, x, x, x, x]\n";
+  for (int i = 1; i <= 9; ++i) {
+    const std::vector<std::string> refs(9, absl::StrCat("*a", i - 1));
+    absl::StrAppend(&text, "a", i, ": &a", i, " [", absl::StrJoin(refs, ", "), "]\n");
+  }
+  absl::StrAppend(&text, "steps: 3\n");
+  auto s = ParseSpecText("laughs.yaml", text);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(std::string(s.status().message()).starts_with("laughs.yaml: the YAML spec expands to more than 100000 "
+                                                            "values or 64 levels"))
+      << s.status();
+  // An alias used as YAML means it (a value repeated) still works.
+  auto ok = ParseSpecText("job.yaml", "steps: &n 3\nlog_every: *n\n");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->log_every(), 3);
 }
 
 TEST(SpecInput, DashReadsTheStream) {

@@ -6,7 +6,7 @@
 namespace ftd::server {
 
 AdminServiceImpl::AdminServiceImpl(const CallAuth* auth, AuthStore* store, const Clock* clock)
-    : ParsedService("ftd.v1.AdminService"), auth_(auth), store_(store), clock_(clock) {
+    : ParsedService("ftd.v1.AdminService", Authenticated(auth)), auth_(auth), store_(store), clock_(clock) {
   Register("WhoAmI", &AdminServiceImpl::WhoAmI);
   Register("CreateToken", &AdminServiceImpl::CreateToken);
   Register("ListTokens", &AdminServiceImpl::ListTokens);

@@ -36,6 +36,8 @@
 #include "server/auth_store.h"
 #include "server/call_limits.h"
 #include "server/clock.h"
+#include "server/connection_limits.h"
+#include "server/unauthenticated_audit.h"
 
 namespace ftd::server {
 
@@ -55,8 +57,10 @@ class UnixListener {
   UnixListener(const UnixListener&) = delete;
   UnixListener& operator=(const UnixListener&) = delete;
 
-  // Starts accepting in a thread of its own; each connection goes to `server`.
-  void Serve(grpc::Server* server);
+  // Starts accepting in a thread of its own; each connection `limits` admits (its peer the local
+  // user; root and `daemon_uid` not held to the per-peer limit) goes to `server`, the others are
+  // closed at once.
+  void Serve(grpc::Server* server, ConnectionLimits* limits, uid_t daemon_uid);
   // Stops accepting and removes the socket file.
   void Stop();
   // The credentials of the connection gRPC names `grpc_peer` ("fd:N"), while it is open.
@@ -65,7 +69,7 @@ class UnixListener {
 
  private:
   UnixListener() = default;
-  void Loop(grpc::Server* server);
+  void Loop(grpc::Server* server, ConnectionLimits* limits, uid_t daemon_uid);
   int Adopt(int fd);
 
   struct Conn {
@@ -112,12 +116,19 @@ class Authenticator {
 
 // The interceptor factory ftd's public server is built with, and the per-call identities it
 // established. Every mutating call (any ftd.v1 method but Get*, List*, Watch* and WhoAmI) is
-// appended to the audit log with its outcome before the answer is sent.
+// appended to the audit log with its outcome before the answer is sent: an authenticated one in two
+// steps (BeginAudit before it changes anything, its outcome at the end), so that a call whose
+// record cannot be written is refused, not done unrecorded; one refused for want of credentials
+// through UnauthenticatedAudit, aggregated per peer.
 class CallAuth {
  public:
-  // `limits`: applied to every call of a non-admin (null: none).
+  // `limits`: applied to every call (null: none).
   CallAuth(const Authenticator* auth, AuthStore* audit, const Clock* clock, CallLimiter* limits = nullptr)
-      : auth_(auth), audit_(audit), clock_(clock), limits_(limits) {}
+      : auth_(auth), audit_(audit), clock_(clock), limits_(limits), refused_(audit, clock) {}
+
+  // Writes the aggregated records of refused unauthenticated calls as each minute ends (ftd; tests
+  // that need no such records leave it off).
+  void StartAuditFlusher() { refused_.Start(); }
 
   std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> InterceptorFactory();
   // The caller of the call `ctx` serves: UNAUTHENTICATED saying why when it proved no identity.
@@ -125,9 +136,15 @@ class CallAuth {
 
   static bool IsMutating(const std::string& method);
 
-  // Counts the call `ctx` of `who` against the rate and stream limits (server/call_limits.h), keyed
-  // by user and connection: RESOURCE_EXHAUSTED naming the limit, or a lease to hold while it runs.
+  // Counts the call `ctx` of `who` against the rate and stream limits (server/call_limits.h; an
+  // admin's against the admin stream limit only), keyed by user and connection: RESOURCE_EXHAUSTED
+  // naming the limit, or a lease to hold while it runs.
   absl::StatusOr<CallLimiter::Lease> Admit(const grpc::ServerContextBase* ctx, const Identity& who, bool stream) const;
+
+  // Before an audited call changes anything: its record, with the outcome still unknown. An error
+  // (RESOURCE_EXHAUSTED for a full disk, UNAVAILABLE otherwise) says the call must not go ahead.
+  // OK at once for a call that is not audited.
+  absl::Status BeginAudit(const grpc::ServerContextBase* ctx) const;
 
   // What an audited call's record names: the target (the response's job or token id, else the
   // request's id) and the request's plain fields. Handlers call it (through Authed, handler.h) with
@@ -138,20 +155,28 @@ class CallAuth {
  private:
   friend class AuthInterceptor;
   // `by`: the interceptor of the call, so that a late Forget never drops a newer call on a reused context.
-  void Register(const grpc::ServerContextBase* ctx, const void* by, absl::StatusOr<Identity> who, bool audited);
-  std::pair<std::string, std::string> Described(const grpc::ServerContextBase* ctx, const void* by) const;
+  void Register(const grpc::ServerContextBase* ctx, const void* by, absl::StatusOr<Identity> who, bool audited,
+                std::string action);
+  struct Described {
+    std::string target, detail;
+    int64_t audit_seq = 0;  // the record BeginAudit wrote; 0: none
+  };
+  Described DescribedCall(const grpc::ServerContextBase* ctx, const void* by) const;
   void Forget(const grpc::ServerContextBase* ctx, const void* by);
 
   const Authenticator* auth_;
   AuthStore* audit_;
   const Clock* clock_;
   CallLimiter* limits_;
+  UnauthenticatedAudit refused_;
   mutable std::mutex mu_;
   struct Call {
     const void* by;
     absl::StatusOr<Identity> who;
     bool audited;
+    std::string action;
     std::string target, detail;
+    int64_t audit_seq = 0;
   };
   mutable std::map<const grpc::ServerContextBase*, Call> calls_;
 };

@@ -8,12 +8,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <filesystem>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "server/filesystem_info.h"
 #include "server/sqlite_stmt.h"
+#include "spec/text.h"
 
 namespace ftd::server {
 
@@ -101,7 +105,18 @@ absl::StatusOr<std::unique_ptr<AuthStore>> AuthStore::Open(const std::string& pa
 AuthStore::~AuthStore() { sqlite3_close_v2(db_); }
 
 absl::Status AuthStore::Error(const char* what) const {
-  return absl::InternalError(absl::StrCat("database ", path_, ": ", what, ": ", sqlite3_errmsg(db_)));
+  const std::string msg = absl::StrCat("database ", path_, ": ", what, ": ", sqlite3_errmsg(db_));
+  const int primary = sqlite3_extended_errcode(db_) & 0xff;
+  const int sys = sqlite3_system_errno(db_);
+  if (primary == SQLITE_FULL || (primary == SQLITE_IOERR && (sys == ENOSPC || sys == EDQUOT))) {
+    const std::string dir = std::filesystem::path(path_).parent_path().string();
+    const std::string fs = DescribeFilesystem(dir);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the disk is full: no space left for ftd's data directory ", dir, fs.empty() ? "" : " (" + fs + ")",
+        "; nothing of this write was kept (", what, ": ", sqlite3_errmsg(db_),
+        "). Free space on that disk, or move the data directory to a larger one, then retry"));
+  }
+  return absl::InternalError(msg);
 }
 
 absl::Status AuthStore::Exec(const char* sql) {
@@ -120,6 +135,7 @@ absl::StatusOr<AuthStore::Created> AuthStore::CreateToken(const ftd::v1::CreateT
     return absl::InvalidArgumentError(absl::StrCat("description has ", req.description().size(),
                                                    " bytes; at most ", kMaxTokenDescription));
   }
+  if (auto st = spec::CheckNoControlChars(req.description(), "description"); !st.ok()) return st;
   if (req.role() != ftd::v1::ROLE_UNSPECIFIED && req.role() != ftd::v1::ROLE_USER && req.role() != ftd::v1::ROLE_ADMIN) {
     return absl::InvalidArgumentError(absl::StrCat("role ", static_cast<int>(req.role()), " is not a role (user or admin)"));
   }
@@ -206,6 +222,30 @@ absl::Status AuthStore::Audit(ftd::v1::AuditRecord r) {
   Stmt i(db_, "INSERT INTO audit(unix_ms, user, action, record) VALUES(?, ?, ?, ?)");
   i.Bind(1, r.unix_ms()).Bind(2, r.user()).Bind(3, r.action()).BindBlob(4, r.SerializeAsString());
   if (i.Step() != SQLITE_DONE) return Error("append audit record");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> AuthStore::BeginAudit(ftd::v1::AuditRecord r) {
+  r.set_seq(0);
+  std::lock_guard<std::mutex> l(mu_);
+  // Not synced on its own (WAL, synchronous=NORMAL for this commit): the FinishAudit that follows
+  // syncs the log with it, and a crash between the two leaves what a crash before the call did.
+  if (auto st = Exec("PRAGMA synchronous=NORMAL"); !st.ok()) return st;
+  Stmt i(db_, "INSERT INTO audit(unix_ms, user, action, record) VALUES(?, ?, ?, ?)");
+  i.Bind(1, r.unix_ms()).Bind(2, r.user()).Bind(3, r.action()).BindBlob(4, r.SerializeAsString());
+  const bool done = i.Step() == SQLITE_DONE;
+  absl::Status st = done ? absl::OkStatus() : Error("append audit record");
+  (void)Exec("PRAGMA synchronous=FULL");
+  if (!st.ok()) return st;
+  return static_cast<int64_t>(sqlite3_last_insert_rowid(db_));
+}
+
+absl::Status AuthStore::FinishAudit(int64_t seq, ftd::v1::AuditRecord r) {
+  r.set_seq(0);
+  std::lock_guard<std::mutex> l(mu_);
+  Stmt u(db_, "UPDATE audit SET unix_ms = ?, user = ?, action = ?, record = ? WHERE seq = ?");
+  u.Bind(1, r.unix_ms()).Bind(2, r.user()).Bind(3, r.action()).BindBlob(4, r.SerializeAsString()).Bind(5, seq);
+  if (u.Step() != SQLITE_DONE) return Error("record the outcome in the audit log");
   return absl::OkStatus();
 }
 

@@ -57,6 +57,11 @@ class AuthStore {
 
   // Appends `r` (its seq assigned here) durably.
   absl::Status Audit(ftd::v1::AuditRecord r);
+  // A mutating call's record in two steps: before the call changes anything, its record as it
+  // stands (who, what; the outcome unknown), whose seq is returned; the call goes ahead only if
+  // that was written. Then its outcome, replacing that record, durably.
+  absl::StatusOr<int64_t> BeginAudit(ftd::v1::AuditRecord r);
+  absl::Status FinishAudit(int64_t seq, ftd::v1::AuditRecord r);
   absl::StatusOr<ftd::v1::ListAuditResponse> ListAudit(const ftd::v1::ListAuditRequest& req);
 
  private:

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 
+#include "absl/strings/match.h"
 #include "server/auth.h"
 #include "server/auth_store.h"
 #include "server/authz.h"
@@ -180,6 +181,9 @@ TEST_F(AuthStoreTest, BadRequestsNameTheField) {
   r.set_ttl_seconds(0);
   r.set_description(std::string(201, 'x'));
   EXPECT_NE(store_->CreateToken(r, "root", 0).status().message().find("description"), std::string::npos);
+  r.set_description("laptop\x1b]0;owned\a");
+  EXPECT_TRUE(absl::StartsWith(store_->CreateToken(r, "root", 0).status().message(),
+                               "description holds a control character"));
 }
 
 TEST_F(AuthStoreTest, AuditPagesNewestFirstAndFilters) {

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/message.h"
 #include "proto/grpc_status.h"
+#include "server/log.h"
 
 namespace ftd::server {
 
@@ -92,10 +93,17 @@ class AuthInterceptor final : public grpc::experimental::Interceptor {
     }
     who_ = owner_->auth_->Authenticate(p);
     peer_ = p.peer;
-    owner_->Register(ctx, this, who_, audited_);
+    owner_->Register(ctx, this, who_, audited_, Action());
   }
 
+  std::string Action() const { return method_.substr(method_.rfind('/') + 1); }
+
   void Record(const grpc::Status& st) {
+    if (!who_.ok()) {
+      // Refused for want of credentials: nothing was parsed or done; counted per peer, a few records a minute.
+      owner_->refused_.Refused(peer_, Action(), st.error_message());
+      return;
+    }
     ftd::v1::AuditRecord r;
     r.set_unix_ms(owner_->clock_->UnixMs());
     if (who_.ok()) {
@@ -106,15 +114,15 @@ class AuthInterceptor final : public grpc::experimental::Interceptor {
     } else {
       r.set_peer(peer_);
     }
-    r.set_action(method_.substr(method_.rfind('/') + 1));
-    auto [target, detail] = owner_->Described(info_->server_context(), this);
-    r.set_target(target);
-    r.set_detail(detail);
+    r.set_action(Action());
+    auto described = owner_->DescribedCall(info_->server_context(), this);
+    r.set_target(described.target);
+    r.set_detail(described.detail);
     r.set_code(std::string(absl::StatusCodeToString(FromGrpc(st).code())));
     if (!st.ok()) r.set_message(st.error_message().substr(0, 500));
-    if (auto s = owner_->audit_->Audit(std::move(r)); !s.ok()) {
-      std::cerr << "ftd: audit log: " << s.message() << std::endl;
-    }
+    const absl::Status s = described.audit_seq > 0 ? owner_->audit_->FinishAudit(described.audit_seq, std::move(r))
+                                                   : owner_->audit_->Audit(std::move(r));
+    if (!s.ok()) FtdLog() << "audit log: " << s.message();
   }
 
   CallAuth* owner_;
@@ -154,9 +162,37 @@ bool CallAuth::IsMutating(const std::string& method) {
 }
 
 void CallAuth::Register(const grpc::ServerContextBase* ctx, const void* by, absl::StatusOr<Identity> who,
-                        bool audited) {
+                        bool audited, std::string action) {
   std::lock_guard<std::mutex> l(mu_);
-  calls_.insert_or_assign(ctx, Call{by, std::move(who), audited, "", ""});
+  calls_.insert_or_assign(ctx, Call{by, std::move(who), audited, std::move(action), "", "", 0});
+}
+
+absl::Status CallAuth::BeginAudit(const grpc::ServerContextBase* ctx) const {
+  ftd::v1::AuditRecord r;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = calls_.find(ctx);
+    if (it == calls_.end() || !it->second.audited || !it->second.who.ok()) return absl::OkStatus();
+    const Identity& who = *it->second.who;
+    r.set_user(who.user());
+    r.set_role(who.role());
+    r.set_via(who.via());
+    r.set_peer(who.peer());
+    r.set_action(it->second.action);
+  }
+  r.set_unix_ms(clock_->UnixMs());
+  r.set_code("UNKNOWN");
+  r.set_message("the call's outcome is not recorded: it was still running, or ftd could not write it");
+  auto seq = audit_->BeginAudit(std::move(r));
+  if (!seq.ok()) {
+    FtdLog() << "audit log: " << seq.status().message() << "; refusing the call";
+    const std::string msg = absl::StrCat("not done: ftd records every change in its audit log first, and cannot "
+                                         "write it now: ", seq.status().message());
+    return absl::IsResourceExhausted(seq.status()) ? absl::ResourceExhaustedError(msg) : absl::UnavailableError(msg);
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  if (auto it = calls_.find(ctx); it != calls_.end()) it->second.audit_seq = *seq;
+  return absl::OkStatus();
 }
 
 void CallAuth::Describe(const grpc::ServerContextBase* ctx, const google::protobuf::Message* req,
@@ -176,11 +212,11 @@ void CallAuth::Describe(const grpc::ServerContextBase* ctx, const google::protob
   }
 }
 
-std::pair<std::string, std::string> CallAuth::Described(const grpc::ServerContextBase* ctx, const void* by) const {
+CallAuth::Described CallAuth::DescribedCall(const grpc::ServerContextBase* ctx, const void* by) const {
   std::lock_guard<std::mutex> l(mu_);
   auto it = calls_.find(ctx);
   if (it == calls_.end() || it->second.by != by) return {};
-  return {it->second.target, it->second.detail};
+  return {it->second.target, it->second.detail, it->second.audit_seq};
 }
 
 void CallAuth::Forget(const grpc::ServerContextBase* ctx, const void* by) {
@@ -190,8 +226,8 @@ void CallAuth::Forget(const grpc::ServerContextBase* ctx, const void* by) {
 
 absl::StatusOr<CallLimiter::Lease> CallAuth::Admit(const grpc::ServerContextBase* ctx, const Identity& who,
                                                    bool stream) const {
-  if (limits_ == nullptr || who.role() == ftd::v1::ROLE_ADMIN) return CallLimiter::Lease();
-  return limits_->Admit(who.user(), ctx->peer(), stream);
+  if (limits_ == nullptr) return CallLimiter::Lease();
+  return limits_->Admit(who.user(), ctx->peer(), stream, who.role() == ftd::v1::ROLE_ADMIN);
 }
 
 absl::StatusOr<Identity> CallAuth::Caller(const grpc::ServerContextBase* ctx) const {

@@ -1,10 +1,20 @@
 #include "server/call_limits.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 
 namespace ftd::server {
+
+namespace {
+constexpr int kTrimPeak = 256;     // streams: a peak worth trimming after once a quarter is left
+constexpr int kTrimLastPeak = 64;  // and one worth trimming after once none is
+}  // namespace
+
+CallLimiter::CallLimiter(CallLimitsConfig cfg, const Clock* clock, std::function<void()> trim)
+    : cfg_(cfg), clock_(clock), trim_(trim ? std::move(trim) : [] { ::malloc_trim(0); }) {}
 
 CallLimiter::Lease& CallLimiter::Lease::operator=(Lease&& o) noexcept {
   if (this != &o) {
@@ -31,10 +41,28 @@ bool CallLimiter::Take(Bucket* b, double rate, double burst, int64_t now) {
 }
 
 absl::StatusOr<CallLimiter::Lease> CallLimiter::Admit(const std::string& user, const std::string& connection,
-                                                      bool stream) {
+                                                      bool stream, bool admin) {
   const int64_t now = std::max<int64_t>(clock_->SteadyMs(), 1);
   std::lock_guard<std::mutex> l(mu_);
   ForgetIdle(now);
+  if (admin) {
+    // No rate: admins run the daemon and its benchmarks. Their streams still hold a thread each.
+    if (!stream) return Lease();
+    Bucket& a = users_[user];
+    if (cfg_.admin_streams > 0 && a.streams >= cfg_.admin_streams) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "admin ", user, " has ", a.streams, " streaming calls open (watch, logs, trace), the most an admin may "
+          "(--max-streams-per-admin ", cfg_.admin_streams, "); close some first"));
+    }
+    ++a.streams;
+    ++connections_[connection].streams;
+    peak_streams_ = std::max(peak_streams_, ++open_streams_);
+    Lease lease;
+    lease.limiter_ = this;
+    lease.user_ = user;
+    lease.connection_ = connection;
+    return lease;
+  }
   Bucket& u = users_[user];
   Bucket& c = connections_[connection];
   if (stream && cfg_.user_streams > 0 && u.streams >= cfg_.user_streams) {
@@ -65,6 +93,7 @@ absl::StatusOr<CallLimiter::Lease> CallLimiter::Admit(const std::string& user, c
   if (stream) {
     ++u.streams;
     ++c.streams;
+    peak_streams_ = std::max(peak_streams_, ++open_streams_);
     lease.limiter_ = this;
     lease.user_ = user;
     lease.connection_ = connection;
@@ -73,9 +102,19 @@ absl::StatusOr<CallLimiter::Lease> CallLimiter::Admit(const std::string& user, c
 }
 
 void CallLimiter::Release(const std::string& user, const std::string& connection) {
-  std::lock_guard<std::mutex> l(mu_);
-  if (auto it = users_.find(user); it != users_.end()) --it->second.streams;
-  if (auto it = connections_.find(connection); it != connections_.end()) --it->second.streams;
+  bool trim = false;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (auto it = users_.find(user); it != users_.end()) --it->second.streams;
+    if (auto it = connections_.find(connection); it != connections_.end()) --it->second.streams;
+    --open_streams_;
+    if ((peak_streams_ >= kTrimPeak && open_streams_ <= peak_streams_ / 4) ||
+        (peak_streams_ >= kTrimLastPeak && open_streams_ == 0)) {
+      trim = true;
+      peak_streams_ = open_streams_;  // the next trim waits for a new peak, or for a quarter of this one
+    }
+  }
+  if (trim) trim_();
 }
 
 // Once a second at most: drops entries with no stream open whose bucket has refilled (the state of a

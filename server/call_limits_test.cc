@@ -91,6 +91,55 @@ TEST(CallLimiter, StreamsPerConnectionAndPerUserAreHeldUntilTheLeaseEnds) {
   EXPECT_TRUE(l.Admit("alice", "c4", true).ok());
 }
 
+// Admins have no rate limit, but a stream limit of their own: 10,000 watch streams of one admin
+// were 10,000 daemon threads.
+TEST(CallLimiter, AnAdminHasNoRateButAStreamLimit) {
+  FakeClock clock;
+  CallLimitsConfig cfg = Small();
+  cfg.admin_streams = 5;
+  CallLimiter l(cfg, &clock);
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(l.Admit("root", "c1", false, true).ok()) << i;
+  std::vector<CallLimiter::Lease> open;
+  for (int i = 0; i < 5; ++i) {
+    auto s = l.Admit("root", "c1", true, true);  // beyond the user and connection stream limits
+    ASSERT_TRUE(s.ok()) << i << ": " << s.status();
+    open.push_back(std::move(*s));
+  }
+  auto over = l.Admit("root", "c2", true, true);
+  ASSERT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(over.status().message(),
+            "admin root has 5 streaming calls open (watch, logs, trace), the most an admin may "
+            "(--max-streams-per-admin 5); close some first");
+  open.pop_back();
+  EXPECT_TRUE(l.Admit("root", "c2", true, true).ok());
+}
+
+// What thousands of stream threads allocated stays in glibc's arenas after they end unless it is
+// trimmed: once the streams fall to a quarter of a large peak, and once none is left.
+TEST(CallLimiter, FreeMemoryIsGivenBackWhenTheStreamsHaveFallenFromAPeak) {
+  FakeClock clock;
+  CallLimitsConfig cfg;
+  cfg.admin_streams = 0;
+  int trims = 0;
+  CallLimiter l(cfg, &clock, [&] { ++trims; });
+  std::vector<CallLimiter::Lease> open;
+  for (int i = 0; i < 1000; ++i) open.push_back(*l.Admit("root", absl::StrCat("c", i % 8), true, true));
+  while (open.size() > 251) open.pop_back();
+  EXPECT_EQ(trims, 0);
+  open.pop_back();  // 250 open: a quarter of 1000
+  EXPECT_EQ(trims, 1);
+  while (open.size() > 1) open.pop_back();
+  EXPECT_EQ(trims, 1) << "250 is no peak worth trimming at a quarter of";
+  open.pop_back();
+  EXPECT_EQ(trims, 2) << "none left after a peak of 250";
+  for (int i = 0; i < 63; ++i) open.push_back(*l.Admit("root", "c", true, true));
+  open.clear();
+  EXPECT_EQ(trims, 2) << "a peak of 63 is not worth one";
+  for (int i = 0; i < 64; ++i) open.push_back(*l.Admit("root", "c", true, true));
+  open.clear();
+  EXPECT_EQ(trims, 3) << "none left after a peak of 64";
+}
+
 TEST(CallLimiter, IdleConnectionsAreForgotten) {
   FakeClock clock;
   CallLimitsConfig cfg = Small();

@@ -115,6 +115,24 @@ void AddDaemonFlags(CLI::App& app, DaemonFlags* f, TokenFlags* t) {
   app.add_option("--max-streams-per-connection", f->limits.connection_streams,
                  "streaming calls one connection of a non-admin may have open at once (0: no limit)")
       ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--max-streams-per-admin", f->limits.admin_streams,
+                 "streaming calls one admin may have open at once (each holds a daemon thread; 0: no limit)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--max-connections", f->connections.total,
+                 "client connections open at once, both listeners; TCP peers together get three quarters (0: as "
+                 "many as the descriptor limit leaves room for, at most 4096; checked at start)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--max-connections-per-peer", f->connections.per_peer,
+                 "client connections one local user (root and ftd's user aside) or one TCP address may hold (0: no "
+                 "limit)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--handshake-timeout-s", f->handshake_s,
+                 "a TCP connection that has not finished its TLS handshake and HTTP/2 preface by then is closed")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--idle-connection-timeout-s", f->idle_connection_s,
+                 "a connection with no call open this long (one that never made a call included) is closed; clients "
+                 "reconnect when they next call")
+      ->check(CLI::PositiveNumber)->capture_default_str();
   // ftd token create|list|revoke: on auth.db directly, the daemon running or not.
   t->token = app.add_subcommand("token", "Create, list and revoke bearer tokens on DATA_DIR/auth.db directly "
                                             "(with ftd stopped or running; docs/security.md)");

@@ -12,6 +12,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/status/statusor.h"
 #include "server/call_limits.h"
+#include "server/connection_limits.h"
 #include "server/listen_config.h"
 #include "server/offline_tokens.h"
 #include "server/quotas.h"
@@ -39,6 +40,8 @@ struct DaemonFlags {
   std::string retention;  // a duration; empty: keep
   ftd::spec::SandboxConfig sandbox;
   CallLimitsConfig limits;
+  ConnectionLimitsConfig connections{0, 64};  // total 0: as many as the descriptor limit leaves room for
+  double handshake_s = 10, idle_connection_s = 60;  // seconds
   int jobs_per_gpu = 1;
   double gpu_memory_gib = 0, gpu_margin_gib = 2;
   std::string default_limits = "none", quota_window = "24h", half_life = "24h";

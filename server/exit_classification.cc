@@ -46,6 +46,7 @@ bool Matches(const ExitRule& rule, const WorkerEnd& end) {
     case Ended::kSignal: return end.started && end.exit.signaled;
     case Ended::kOomKilled: return end.started && end.exit.oom_killed;
     case Ended::kNotStarted: return !end.started;
+    case Ended::kDaemonShort: return !end.started && end.start_short;
   }
   return false;
 }
@@ -106,6 +107,10 @@ Verdict Classify(const WorkerEnd& end, int attempt, double heartbeat_timeout_s) 
       break;
     case Reason::kSpawnFailed:
       v.message = absl::StrCat("could not start the worker: ", end.start_error);
+      break;
+    case Reason::kDaemonShort:
+      v.message = absl::StrCat("ftd could not start the worker for want of a resource of its own (", end.start_error,
+                               "); the attempt is not counted and the job is retried after a pause");
       break;
     case Reason::kWorkerExit:
     case Reason::kDaemonRestart:  // not an exit rule (the restart recovery words its own message)

@@ -34,6 +34,7 @@ enum class Reason {
   kLostHeartbeat,
   kNoProgress,      // the progress watchdog: no step and no load/checkpoint progress for too long
   kSpawnFailed,
+  kDaemonShort,     // the worker could not be started for want of the daemon's own resources
   kDaemonRestart,   // not a worker's exit: the daemon found the job RUNNING at start
   kDaemonShutdown,  // the daemon drained on SIGTERM
 };
@@ -42,6 +43,7 @@ enum class Retry {
   kNever,             // the job's own outcome: final
   kWhileAttemptsLeft, // an infrastructure failure: requeued with backoff until max_attempts
   kFree,              // requeued at once, not counted as an attempt
+  kFreeAfterBackoff,  // requeued with backoff, not counted as an attempt: the daemon's failure, not the job's
 };
 
 struct ReasonInfo {
@@ -65,6 +67,8 @@ inline constexpr ReasonInfo kReasons[] = {
     // A stuck training thread (blocked in a read, a hung collective) most likely hangs again: final.
     {Reason::kNoProgress, "NO_PROGRESS", ftd::v1::FAILED, Retry::kNever},
     {Reason::kSpawnFailed, "SPAWN_FAILED", ftd::v1::FAILED, Retry::kWhileAttemptsLeft},
+    // ftd ran out of descriptors or memory for a pipe or a process: nothing the job did.
+    {Reason::kDaemonShort, "DAEMON_SHORT_OF_RESOURCES", ftd::v1::QUEUED, Retry::kFreeAfterBackoff},
     {Reason::kDaemonRestart, "DAEMON_RESTART", ftd::v1::FAILED, Retry::kWhileAttemptsLeft},
     {Reason::kDaemonShutdown, "DAEMON_SHUTDOWN", ftd::v1::QUEUED, Retry::kFree},
 };
@@ -74,7 +78,7 @@ const ReasonInfo& Info(Reason r);
 // What the daemon had asked of the worker or found out about it before it ended.
 enum class Asked { kAny, kDrain, kCancel, kHeartbeatLost, kNoProgress };
 // How the worker's process ended.
-enum class Ended { kAny, kExitZero, kSignal, kOomKilled, kNotStarted };
+enum class Ended { kAny, kExitZero, kSignal, kOomKilled, kNotStarted, kDaemonShort };
 // What the worker reported: a RunResult outcome, or one of these.
 inline constexpr int kAnyReport = -1;
 inline constexpr int kNoReport = ftd::v1::RunResult::OUTCOME_UNSPECIFIED;
@@ -102,6 +106,7 @@ inline constexpr ExitRule kExitRules[] = {
     {Asked::kHeartbeatLost, kAnyReport,                            Ended::kAny,          Reason::kLostHeartbeat},
     {Asked::kNoProgress,    kAnyReport,                            Ended::kAny,          Reason::kNoProgress},
     {Asked::kAny,           kAnyReport,                            Ended::kSignal,       Reason::kKilledBySignal},
+    {Asked::kAny,           kAnyReport,                            Ended::kDaemonShort,  Reason::kDaemonShort},
     {Asked::kAny,           kAnyReport,                            Ended::kNotStarted,   Reason::kSpawnFailed},
     {Asked::kAny,           kAnyReport,                            Ended::kAny,          Reason::kWorkerExit},
 };
@@ -118,6 +123,7 @@ struct WorkerEnd {
   bool started = true;          // false: the process could not be started
   ExitStatus exit;              // when started
   std::string start_error;      // when not started
+  bool start_short = false;     // when not started: for want of the daemon's own resources (EMFILE, ENOMEM, ...)
 };
 
 struct Verdict {

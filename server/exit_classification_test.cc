@@ -110,6 +110,27 @@ TEST(ExitClassification, MessagesSayWhatHappened) {
   EXPECT_EQ(Classify(Ended(RunResult::FAILED, kExit1), 1, 30).message, "reported text (worker exit code 1)");
 }
 
+// A worker that could not be started because ftd itself was out of descriptors or memory is not the
+// job's failure: requeued after a pause, not counted; any other start failure is SPAWN_FAILED.
+TEST(ExitClassification, ALaunchTheDaemonWasTooShortForIsNotTheJobsAttempt) {
+  WorkerEnd short_of;
+  short_of.started = false;
+  short_of.start_short = true;
+  short_of.start_error = "cannot start ftd-worker: pipe: Too many open files";
+  const Verdict v = Classify(short_of, 1, 30);
+  EXPECT_EQ(v.reason, Reason::kDaemonShort);
+  EXPECT_EQ(Info(v.reason).retry, Retry::kFreeAfterBackoff);
+  EXPECT_EQ(Info(v.reason).final_state, ftd::v1::QUEUED);
+  EXPECT_EQ(v.message,
+            "ftd could not start the worker for want of a resource of its own (cannot start ftd-worker: pipe: Too many "
+            "open files); the attempt is not counted and the job is retried after a pause");
+  short_of.start_short = false;
+  EXPECT_EQ(Classify(short_of, 1, 30).reason, Reason::kSpawnFailed);
+  short_of.start_short = true;
+  short_of.cancel = true;
+  EXPECT_EQ(Classify(short_of, 1, 30).reason, Reason::kCancelled);
+}
+
 // A worker stopped by a SIGTERM that ftd did not send reports CANCELLED and exits 5: the job was
 // cancelled from outside, not an infrastructure failure to retry.
 TEST(ExitClassification, AnExternalStopIsACancel) {
@@ -187,7 +208,10 @@ TEST(ExitClassification, TheApiDocumentListsEveryReason) {
         EXPECT_TRUE(retried.find("yes") != std::string::npos || retried.find("per policy") != std::string::npos)
             << code << ": " << retried;
         break;
-      case Retry::kFree: EXPECT_NE(retried.find("always"), std::string::npos) << code << ": " << retried; break;
+      case Retry::kFree:
+      case Retry::kFreeAfterBackoff:
+        EXPECT_NE(retried.find("always"), std::string::npos) << code << ": " << retried;
+        break;
     }
   }
   for (const auto& [code, cols] : rows) {

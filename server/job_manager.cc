@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_cat.h"
 #include "server/job_events.h"
+#include "server/log.h"
 #include "server/scheduling_policy.h"
 
 namespace ftd::server {
@@ -103,8 +104,8 @@ std::optional<std::chrono::milliseconds> JobManager::Tick() {
         const int64_t idle = steady - a.last_progress_ms;
         if (idle >= cfg_.progress_timeout_ms) {
           a.stuck = true;
-          std::cerr << "ftd: job " << id << " attempt " << a.attempt << " is stuck (no progress for " << idle / 1000.0
-                    << " s; last: " << a.last_progress << "); killing its worker " << a.pid << std::endl;
+          FtdLog() << "job " << id << " attempt " << a.attempt << " is stuck (no progress for " << idle / 1000.0
+                   << " s; last: " << a.last_progress << "); killing its worker " << a.pid;
           launcher_->Kill(a.pid);
         } else {
           wake_in(cfg_.progress_timeout_ms - idle);
@@ -117,7 +118,7 @@ std::optional<std::chrono::milliseconds> JobManager::Tick() {
     }
     for (auto it = unrecovered_.begin(); it != unrecovered_.end();) {
       if (RecoverRunningLocked(*it).ok()) {
-        std::cerr << "ftd: recorded the restart of job " << it->id() << " after a failed write" << std::endl;
+        FtdLog() << "recorded the restart of job " << it->id() << " after a failed write";
         metrics_->UnrecordedOutcomes(--unrecorded_);
         it = unrecovered_.erase(it);
       } else {
@@ -144,8 +145,7 @@ std::optional<std::chrono::milliseconds> JobManager::Tick() {
         if (req.ok()) {
           launches.push_back(*std::move(req));
         } else {
-          std::cerr << "ftd: cannot start job " << p.job_id << ": " << req.status() << "; trying again in 1 s"
-                    << std::endl;
+          FtdLog() << "cannot start job " << p.job_id << ": " << req.status() << "; trying again in 1 s";
           metrics_->StoreWriteFailed("state");
           wake_in(1000);
         }
@@ -162,7 +162,7 @@ std::optional<std::chrono::milliseconds> JobManager::Tick() {
     if (steady >= next_retention_ms_) {
       next_retention_ms_ = steady + cfg_.retention_check_ms;
       auto removed = RunRetention();
-      if (!removed.ok()) std::cerr << "ftd: retention: " << removed.status() << std::endl;
+      if (!removed.ok()) FtdLog() << "retention: " << removed.status();
     }
     wake_in(next_retention_ms_ - steady);
   }
@@ -197,7 +197,7 @@ void JobManager::Drain(std::chrono::steady_clock::time_point deadline) {
 ftd::v1::SchedulerState JobManager::SetPaused(bool paused) {
   const bool was = paused_.exchange(paused);
   if (was != paused) {
-    std::cerr << "ftd: scheduler " << (paused ? "paused: no queued job starts" : "resumed") << std::endl;
+    FtdLog() << "scheduler " << (paused ? "paused: no queued job starts" : "resumed");
   }
   if (!paused) Kick();
   return Scheduler();
@@ -230,8 +230,8 @@ absl::StatusOr<Job> JobManager::TransitionLocked(const std::string& id,
     --counts_[before];
     ++counts_[job->state()];
     PublishGaugesLocked();
-    std::cerr << "ftd: job " << id << " " << ftd::v1::JobState_Name(before) << " -> "
-              << ftd::v1::JobState_Name(job->state()) << " (" << job->reason() << "): " << job->message() << std::endl;
+    FtdLog() << "job " << id << " " << ftd::v1::JobState_Name(before) << " -> "
+             << ftd::v1::JobState_Name(job->state()) << " (" << job->reason() << "): " << job->message();
   }
   hub_.Publish(id);
   return job;

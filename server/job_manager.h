@@ -81,6 +81,11 @@ struct ManagerConfig {
   int64_t retention_check_ms = 3600'000;
   // The directories a job's paths may name (spec/sandbox.h); none configured: not confined.
   ftd::spec::SandboxConfig sandbox;
+  // Who the workers run as: this uid (ftd's own, or --worker-user), or, for a job with an owner_uid,
+  // that owner (--workers-as-owner). With no roots, a local user's job whose workers run as someone
+  // else may name only paths its owner could use (spec::CheckUserMayUse).
+  uid_t workers_uid = 0;
+  bool workers_as_owner = false;
 };
 
 // What DeleteJob and PruneJobs removed.
@@ -294,6 +299,7 @@ class JobManager {
   int64_t next_retention_ms_ = 0;  // steady ms of the next retention run
   int64_t unrecorded_ = 0;  // attempts whose outcome waits in memory (the ftd_unrecorded_outcomes gauge)
   std::vector<ftd::v1::Job> unrecovered_;  // left RUNNING by a previous daemon; the restart not yet written
+  std::map<std::string, int> short_starts_;  // job id -> launches in a row ftd was too short of resources for
 
   std::mutex loop_mu_;
   std::condition_variable loop_cv_;

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "server/exit_classification.h"
 #include "server/job_events.h"
+#include "server/log.h"
 #include "spec/spec.h"
 
 namespace ftd::server {
@@ -100,6 +101,8 @@ void JobManager::LaunchedLocked(const LaunchRequest& req, const absl::StatusOr<i
     end.drain = a.drain;
     end.started = false;
     end.start_error = std::string(pid.status().message());
+    // The launcher says RESOURCE_EXHAUSTED when ftd itself ran out (descriptors, memory for a pipe).
+    end.start_short = absl::IsResourceExhausted(pid.status());
     FinishLocked(a, end);
     *kick = true;
     return;
@@ -116,7 +119,7 @@ void JobManager::LaunchedLocked(const LaunchRequest& req, const absl::StatusOr<i
       clock_->UnixMs());
   if (!st.ok()) {
     metrics_->StoreWriteFailed("state");
-    std::cerr << "ftd: cannot record the worker pid of " << a.job_id << ": " << st.status() << std::endl;
+    FtdLog() << "cannot record the worker pid of " << a.job_id << ": " << st.status();
   }
 }
 
@@ -177,8 +180,8 @@ absl::StatusOr<Job> JobManager::Cancel(const std::string& id, const std::string&
     if (job.ok()) return job;
     // The cancel goes on all the same; its outcome is written once the store takes it.
     metrics_->StoreWriteFailed("state");
-    std::cerr << "ftd: cannot record the cancel of job " << id << ": " << job.status()
-              << "; the worker is being stopped anyway" << std::endl;
+    FtdLog() << "cannot record the cancel of job " << id << ": " << job.status()
+             << "; the worker is being stopped anyway";
     auto stored = store_->Get(id);
     if (!stored.ok()) return stored.status();
     stored->set_reason("CANCELLING");
@@ -238,6 +241,14 @@ bool JobManager::FinishLocked(Attempt& a, const WorkerEnd& end) {
       job.set_state(ftd::v1::QUEUED);
       job.set_attempt(job.attempt() - 1);  // not the job's failure: the attempt does not count
       job.set_message(v.message);
+    } else if (info.retry == Retry::kFreeAfterBackoff) {
+      // Not the job's failure either, but trying again at once would most likely fail the same way.
+      const int in_a_row = short_starts_[a.job_id] + 1;
+      const int64_t wait_ms = RetryDelayMs(in_a_row, cfg_.backoff_base_ms, cfg_.backoff_max_ms);
+      job.set_state(ftd::v1::QUEUED);
+      job.set_attempt(job.attempt() - 1);
+      job.set_not_before_unix_ms(now + wait_ms);
+      job.set_message(absl::StrCat(v.message, " in ", wait_ms / 1000.0, " s (", in_a_row, " in a row)"));
     } else {
       job.set_state(info.final_state);
       job.set_finished_unix_ms(now);
@@ -262,8 +273,8 @@ bool JobManager::FinishLocked(Attempt& a, const WorkerEnd& end) {
     // The truth stays here (the attempt keeps its slot) and Tick() writes it once the store takes it.
     metrics_->StoreWriteFailed("state");
     if (a.unrecorded_tries++ % 60 == 0) {
-      std::cerr << "ftd: CANNOT RECORD the outcome of job " << a.job_id << " (" << info.code << ": " << v.message
-                << "): " << job.status() << "; keeping it in memory and trying again every second" << std::endl;
+      FtdLog() << "CANNOT RECORD the outcome of job " << a.job_id << " (" << info.code << ": " << v.message
+               << "): " << job.status() << "; keeping it in memory and trying again every second";
     }
     const bool first = !a.unrecorded.has_value();
     a.unrecorded = end;
@@ -271,11 +282,16 @@ bool JobManager::FinishLocked(Attempt& a, const WorkerEnd& end) {
     return false;
   }
   if (a.unrecorded.has_value()) {
-    std::cerr << "ftd: recorded the outcome of job " << a.job_id << " (" << info.code << ") after "
-              << a.unrecorded_tries << " failed write(s)" << std::endl;
+    FtdLog() << "recorded the outcome of job " << a.job_id << " (" << info.code << ") after "
+             << a.unrecorded_tries << " failed write(s)";
     metrics_->UnrecordedOutcomes(--unrecorded_);
   }
   if (retried) metrics_->Retry(info.code);
+  if (info.retry == Retry::kFreeAfterBackoff) {
+    ++short_starts_[a.job_id];
+  } else {
+    short_starts_.erase(a.job_id);
+  }
   UsageInterval used;
   {
     std::lock_guard<std::mutex> view(view_mu_);
@@ -291,7 +307,7 @@ bool JobManager::FinishLocked(Attempt& a, const WorkerEnd& end) {
   if (used.gpus > 0) {
     if (auto st = store_->AddUsage({a.owner, a.job_id, a.attempt, used.gpus, used.start_ms, used.end_ms}); !st.ok()) {
       metrics_->StoreWriteFailed("usage");
-      std::cerr << "ftd: cannot record the GPU usage of job " << a.job_id << ": " << st << std::endl;
+      FtdLog() << "cannot record the GPU usage of job " << a.job_id << ": " << st;
     }
   }
   PublishGpusLocked();

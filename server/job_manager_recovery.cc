@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/exit_classification.h"
+#include "server/log.h"
 
 namespace ftd::server {
 namespace fs = std::filesystem;
@@ -53,8 +54,8 @@ absl::Status JobManager::Recover() {
       metrics_->StoreWriteFailed("state");
       metrics_->UnrecordedOutcomes(++unrecorded_);
       unrecovered_.push_back(j);
-      std::cerr << "ftd: CANNOT RECORD that job " << j.id() << " was running when ftd restarted: " << st
-                << "; starting anyway, keeping it in memory and trying again every second" << std::endl;
+      FtdLog() << "CANNOT RECORD that job " << j.id() << " was running when ftd restarted: " << st
+               << "; starting anyway, keeping it in memory and trying again every second";
     }
   }
   auto queued = store_->JobsInStates({ftd::v1::QUEUED});

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/job_events.h"
 #include "server/job_files.h"
+#include "server/log.h"
 
 namespace ftd::server {
 namespace fs = std::filesystem;
@@ -29,11 +30,11 @@ absl::StatusOr<int64_t> JobManager::DeleteLocked(const std::string& id) {
   auto freed = RemoveTree(JobDir(id));
   if (!freed.ok()) {
     // The record is gone; the next retention run removes the directory of a job the store no longer has.
-    std::cerr << "ftd: job " << id << " deleted, but " << freed.status().message() << std::endl;
+    FtdLog() << "job " << id << " deleted, but " << freed.status().message();
     return int64_t{0};
   }
-  std::cerr << "ftd: job " << id << " deleted (" << ftd::v1::JobState_Name(job->state()) << ", " << *freed
-            << " bytes of files)" << std::endl;
+  FtdLog() << "job " << id << " deleted (" << ftd::v1::JobState_Name(job->state()) << ", " << *freed
+           << " bytes of files)";
   return *freed;
 }
 
@@ -110,8 +111,8 @@ absl::StatusOr<Removed> JobManager::RunRetention() {
     out->freed_bytes += RemovePartialCheckpoints(cfg_.data_dir, absl::StrCat("jobs/", id, "/checkpoints"));
   }
   if (!out->ids.empty() || out->freed_bytes > 0) {
-    std::cerr << "ftd: retention: deleted " << out->ids.size() << " job(s) finished over "
-              << cfg_.retention_ms / 1000 << " s ago, freed " << out->freed_bytes << " bytes" << std::endl;
+    FtdLog() << "retention: deleted " << out->ids.size() << " job(s) finished over "
+             << cfg_.retention_ms / 1000 << " s ago, freed " << out->freed_bytes << " bytes";
   }
   return out;
 }

@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "server/exit_classification.h"
 #include "server/job_files.h"
+#include "server/log.h"
 #include "server/memory_fit.h"
 #include "server/request_limits.h"
 #include "server/request_match.h"
@@ -60,6 +61,16 @@ absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::SubmitWith(
   env.host_gpus = cfg_.gpus;          // or spec.gpus of them, all of one host
   auto config = ftd::spec::Validate(req.spec(), env);
   if (!config.ok()) return config.status();
+  // Without roots the workers open the spec's paths with their own rights: a local user's job names
+  // only what its owner could use (root's workers would read /etc/shadow for anyone otherwise).
+  if (!cfg_.sandbox.enabled() && owner_uid.has_value() && *owner_uid != 0 && *owner_uid != cfg_.workers_uid &&
+      !cfg_.workers_as_owner) {
+    auto owner = LookUpOwner(*owner_uid);
+    if (!owner.ok()) return owner.status();
+    if (auto st = ftd::spec::CheckUserMayUse(*config, {owner->name, owner->uid, owner->gid, owner->groups}); !st.ok()) {
+      return st;
+    }
+  }
   if (auto st = ftd::spec::CheckInputFiles(*config); !st.ok()) return st;
   const bool gpu = cfg_.gpus > 0 && config->device != "cpu";
   int64_t predicted = 0;
@@ -119,9 +130,8 @@ absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::SubmitWith(
       ++counts_[ftd::v1::QUEUED];
       metrics_->JobSubmitted(inserted->first.kind());
       const Job& j = inserted->first;
-      std::cerr << "ftd: job " << j.id() << " submitted: " << ftd::v1::JobKind_Name(j.kind()) << " \"" << j.name()
-                << "\" by " << j.owner() << ", priority " << j.priority() << ", " << j.max_attempts() << " attempt(s)"
-                << std::endl;
+      FtdLog() << "job " << j.id() << " submitted: " << ftd::v1::JobKind_Name(j.kind()) << " \"" << j.name()
+               << "\" by " << j.owner() << ", priority " << j.priority() << ", " << j.max_attempts() << " attempt(s)";
       if (prepare) {
         if (auto st = prepare(j); !st.ok()) {
           auto failed = TransitionLocked(j.id(), [&](Job& job) {

@@ -382,6 +382,36 @@ TEST_F(JobManagerTest, SpawnFailureIsAnInfrastructureFailure) {
   EXPECT_NE(j.message().find("no retries left"), std::string::npos) << j.message();
 }
 
+// ftd out of descriptors (the flood): the launch fails with RESOURCE_EXHAUSTED. That is not
+// the job's attempt: however often it happens, the job stays queued with its attempts intact and
+// waits longer each time before it is tried again.
+TEST_F(JobManagerTest, ALaunchTheDaemonIsTooShortForIsRetriedWithBackoffAndNotCounted) {
+  auto& m = Make();
+  const std::string id = Submit("short", 0, 1);  // one attempt only: a counted failure would end it
+  int64_t wait_ms = cfg_.backoff_base_ms;
+  for (int i = 1; i <= 3; ++i) {
+    launcher_->fail_next = absl::ResourceExhaustedError("cannot start ftd-worker: pipe: Too many open files");
+    m.Tick();
+    Job j = Get(id);
+    ASSERT_EQ(j.state(), ftd::v1::QUEUED) << i << ": " << j.message();
+    EXPECT_EQ(j.reason(), "DAEMON_SHORT_OF_RESOURCES");
+    EXPECT_EQ(j.attempt(), 0) << "not counted";
+    EXPECT_NE(j.message().find("pipe: Too many open files"), std::string::npos) << j.message();
+    EXPECT_NE(j.message().find(absl::StrCat("(", i, " in a row)")), std::string::npos) << j.message();
+    EXPECT_EQ(j.not_before_unix_ms(), clock_.UnixMs() + wait_ms);
+    clock_.Advance(wait_ms - 1);
+    m.Tick();
+    EXPECT_EQ(launcher_->Launches(), 0u) << "not before its backoff";
+    clock_.Advance(1);
+    wait_ms *= 2;
+  }
+  const LaunchRequest l = StartNext();
+  EXPECT_EQ(l.attempt, 1);
+  Job j = Get(id);
+  EXPECT_EQ(j.state(), ftd::v1::RUNNING);
+  EXPECT_EQ(j.attempt(), 1);
+}
+
 TEST_F(JobManagerTest, ASilentWorkerIsKilledAndItsJobRetried) {
   auto& m = Make();
   const std::string id = Submit("silent", 0, 2);

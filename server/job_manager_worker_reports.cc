@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/job_events.h"
 #include "server/job_files.h"
+#include "server/log.h"
 #include "server/request_limits.h"
 
 namespace ftd::server {
@@ -135,8 +136,8 @@ absl::StatusOr<bool> JobManager::OnWorkerMessage(const ftd::v1::WorkerMessage& m
       // The worker goes on (its metrics above still count); only this report is not kept.
       metrics_->StoreWriteFailed("event");
       if (!a->event_dropped) {
-        std::cerr << "ftd: CANNOT STORE the reports of job " << hello.job_id() << " (" << st
-                  << "); dropping them until the store takes writes again" << std::endl;
+        FtdLog() << "CANNOT STORE the reports of job " << hello.job_id() << " (" << st
+                 << "); dropping them until the store takes writes again";
       }
       a->event_dropped = true;
     }

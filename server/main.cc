@@ -10,6 +10,7 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <prometheus/exposer.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -32,16 +33,19 @@
 #include "server/data_dir.h"
 #include "server/gpu_probe.h"
 #include "server/job_manager.h"
+#include "server/log.h"
 #include "server/memory_fit.h"
 #include "server/listen_config.h"
 #include "server/metrics.h"
 #include "server/process_metrics.h"
 #include "server/service.h"
 #include "server/store.h"
+#include "server/tcp_listener.h"
 #include "server/worker_cgroups.h"
 #include "server/worker_launcher.h"
 
 namespace fs = std::filesystem;
+using ftd::server::FtdLog;
 
 int main(int argc, char** argv) {
   // Everything ftd and its workers create (databases, logs, checkpoints, traces) is its owner's only.
@@ -54,7 +58,7 @@ int main(int argc, char** argv) {
   if (token.token->parsed()) return ftd::server::RunTokenVerb(token, flags.data_dir);
   auto checked = ftd::server::CheckDaemonFlags(flags);
   if (!checked.ok()) {
-    std::cerr << "ftd: " << checked.status().message() << "\n";
+    FtdLog() << checked.status().message();
     return 2;
   }
   const ftd::server::QuotaConfig& quotas = checked->quotas;
@@ -70,9 +74,13 @@ int main(int argc, char** argv) {
   const double drain_s = flags.drain_s;
   lc.listen = listen;
   if (auto st = lc.Resolve(data_dir); !st.ok()) {
-    std::cerr << "ftd: " << st.message() << "\n";
+    FtdLog() << st.message();
     return 1;
   }
+
+  // libprotobuf's own messages (a request it could not parse) go to ftd's log, a few a minute.
+  ftd::server::RealClock log_clock;
+  ftd::server::RouteProtobufLog(&log_clock, 10);
 
   // Signals go to one thread (sigwait below); every other thread, and gRPC's, have them blocked.
   sigset_t sigs;
@@ -85,7 +93,7 @@ int main(int argc, char** argv) {
   std::error_code ec;
   fs::create_directories(fs::path(data_dir) / "jobs", ec);
   if (ec) {
-    std::cerr << "ftd: cannot create --data-dir " << data_dir << ": " << ec.message() << "\n";
+    FtdLog() << "cannot create --data-dir " << data_dir << ": " << ec.message();
     return 1;
   }
   data_dir = fs::canonical(data_dir).string();
@@ -93,12 +101,12 @@ int main(int argc, char** argv) {
   if (lc.socket.empty()) lc.socket = (fs::path(data_dir) / "ftd.sock").string();
   auto store = ftd::server::Store::Open((fs::path(data_dir) / "ftd.db").string());
   if (!store.ok()) {
-    std::cerr << "ftd: " << store.status().message() << "\n";
+    FtdLog() << store.status().message();
     return 1;
   }
   auto auth_store = ftd::server::AuthStore::Open((fs::path(data_dir) / "auth.db").string());
   if (!auth_store.ok()) {
-    std::cerr << "ftd: " << auth_store.status().message() << "\n";
+    FtdLog() << auth_store.status().message();
     return 1;
   }
   ftd::server::Metrics metrics;
@@ -110,7 +118,7 @@ int main(int argc, char** argv) {
       exposer->RegisterCollectable(metrics.registry());
       exposer->RegisterCollectable(process_metrics);
     } catch (const std::exception& e) {
-      std::cerr << "ftd: cannot serve metrics on --metrics-listen " << metrics_listen << ": " << e.what() << "\n";
+      FtdLog() << "cannot serve metrics on --metrics-listen " << metrics_listen << ": " << e.what();
       return 1;
     }
   }
@@ -126,11 +134,11 @@ int main(int argc, char** argv) {
     if (cg.ok()) {
       cgroups = std::move(*cg);
     } else if (worker_cgroup != "auto") {
-      std::cerr << "ftd: --worker-cgroup " << worker_cgroup << ": " << cg.status().message() << "\n";
+      FtdLog() << "--worker-cgroup " << worker_cgroup << ": " << cg.status().message();
       return 1;
     } else {
-      std::cerr << "ftd: workers run without a memory limit (" << cg.status().message()
-                << "); an out-of-memory kill is told by its SIGKILL and /proc/vmstat (docs/api.md)" << std::endl;
+      FtdLog() << "workers run without a memory limit (" << cg.status().message()
+               << "); an out-of-memory kill is told by its SIGKILL and /proc/vmstat (docs/api.md)";
     }
   }
   ftd::server::ProcessLauncher launcher(
@@ -155,13 +163,15 @@ int main(int argc, char** argv) {
   mc.quotas = quotas;
   mc.retention_ms = retention_ms;
   mc.sandbox = flags.sandbox;
+  mc.workers_uid = run_as.has_value() ? run_as->uid : ::geteuid();
+  mc.workers_as_owner = flags.workers_as_owner;
   mc.retention_check_ms = std::clamp<int64_t>(retention_ms / 10, 1000, 3600'000);
   ftd::server::JobManager manager(mc, store->get(), &metrics, &launcher, &clock);
 
   std::atomic<bool> stopping{false};
   auto local = ftd::server::UnixListener::Listen(lc.socket);
   if (!local.ok()) {
-    std::cerr << "ftd: " << local.status().message() << "\n";
+    FtdLog() << local.status().message();
     return 1;
   }
   ftd::server::AuthConfig ac;
@@ -173,27 +183,42 @@ int main(int argc, char** argv) {
   limits.connection_burst = std::max(1.0, 2 * limits.connection_rate);
   ftd::server::CallLimiter limiter(limits, &clock);
   ftd::server::CallAuth call_auth(&authenticator, auth_store->get(), &clock, &limiter);
+  call_auth.StartAuditFlusher();
   ftd::server::JobServiceImpl jobs(&manager, &stopping, &call_auth, flags.priority_cap);
   ftd::server::AdminServiceImpl admin(&call_auth, auth_store->get(), &clock);
   ftd::server::WorkerServiceImpl workers(&manager);
   for (const ftd::server::ParsedService* s : {static_cast<const ftd::server::ParsedService*>(&jobs),
                                               static_cast<const ftd::server::ParsedService*>(&admin)}) {
     if (auto missing = s->Unregistered(); !missing.empty()) {
-      std::cerr << "ftd: no handler registered for " << missing.front() << "\n";
+      FtdLog() << "no handler registered for " << missing.front();
       return 1;
     }
   }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder pub;
-  int port = 0;
   auto creds = lc.Credentials();
   if (!creds.ok()) {
-    std::cerr << "ftd: " << creds.status().message() << "\n";
+    FtdLog() << creds.status().message();
     return 1;
   }
-  if (!lc.listen.empty()) pub.AddListeningPort(lc.listen, *creds, &port);
-  // gRPC sets SO_REUSEPORT by default: a second ftd on a taken port would then start and share it.
-  pub.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // ftd accepts TCP connections itself (server/tcp_listener.h) and hands them to gRPC, which does the
+  // TLS handshake: a connection that has not finished it (and the HTTP/2 preface) within the
+  // handshake timeout is closed, and one with no call open for the idle timeout (one that never
+  // made a call included) too, on either listener.
+  std::unique_ptr<ftd::server::TcpListener> tcp;
+  std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor> tcp_acceptor;
+  if (!lc.listen.empty()) {
+    auto t = ftd::server::TcpListener::Listen(lc.listen);
+    if (!t.ok()) {
+      FtdLog() << t.status().message();
+      return 1;
+    }
+    tcp = std::move(*t);
+    tcp_acceptor = pub.experimental().AddExternalConnectionAcceptor(
+        grpc::ServerBuilder::experimental_type::ExternalConnectionType::FROM_FD, *creds);
+  }
+  pub.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, static_cast<int>(flags.handshake_s * 1000));
+  pub.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, static_cast<int>(flags.idle_connection_s * 1000));
   pub.RegisterService(&jobs);
   pub.RegisterService(&admin);
   pub.SetMaxReceiveMessageSize(4 << 20);
@@ -201,17 +226,16 @@ int main(int argc, char** argv) {
   interceptors.push_back(call_auth.InterceptorFactory());
   pub.experimental().SetInterceptorCreators(std::move(interceptors));
   std::unique_ptr<grpc::Server> server = pub.BuildAndStart();
-  if (server == nullptr || (!lc.listen.empty() && port == 0)) {
-    std::cerr << "ftd: cannot listen on --listen " << listen << " (in use, or not host:port)\n";
+  if (server == nullptr) {
+    FtdLog() << "cannot start the gRPC server for --listen " << listen;
     return 1;
   }
-  (*local)->Serve(server.get());
   grpc::ServerBuilder priv;
   priv.AddListeningPort("unix:" + sock, grpc::InsecureServerCredentials());
   priv.RegisterService(&workers);
   std::unique_ptr<grpc::Server> worker_server = priv.BuildAndStart();
   if (worker_server == nullptr) {
-    std::cerr << "ftd: cannot listen on unix:" << sock << "\n";
+    FtdLog() << "cannot listen on unix:" << sock;
     return 1;
   }
   // With --workers-as-owner any local user's workers connect (each attempt still proves itself with
@@ -223,34 +247,48 @@ int main(int argc, char** argv) {
                   ec);
   // The workers' user connects to it (each attempt still proves itself with its token).
   if (run_as.has_value() && ::chown(sock.c_str(), run_as->uid, run_as->gid) != 0) {
-    std::cerr << "ftd: cannot give the worker socket " << sock << " to --worker-user " << run_as->name << ": "
-              << std::strerror(errno) << "\n";
+    FtdLog() << "cannot give the worker socket " << sock << " to --worker-user " << run_as->name << ": "
+             << std::strerror(errno);
     return 1;
   }
+  // Client connections within the descriptor limit, with room left for what the daemon opens itself
+  // (counted now that its databases, listeners and servers are open) and for its workers.
+  rlimit nofile{};
+  ::getrlimit(RLIMIT_NOFILE, &nofile);
+  auto budget = ftd::server::ConnectionBudget(flags.connections.total, nofile.rlim_cur,
+                                              ftd::server::OpenDescriptors(), manager.slots());
+  if (!budget.ok()) {
+    FtdLog() << budget.status().message();
+    return 1;
+  }
+  ftd::server::ConnectionLimits connection_limits({*budget, flags.connections.per_peer}, &clock);
+  (*local)->Serve(server.get(), &connection_limits, ::getuid());
+  if (tcp != nullptr) tcp->Serve(tcp_acceptor.get(), &connection_limits);
   if (auto st = manager.Start(); !st.ok()) {
-    std::cerr << "ftd: " << st.message() << "\n";
+    FtdLog() << st.message();
     return 1;
   }
-  std::cerr << "ftd: serving on unix:" << lc.socket << " (local users), "
-            << (lc.listen.empty() ? std::string("no TCP") : lc.Describe(port)) << ", metrics on "
-            << (metrics_listen.empty() ? "(off)" : metrics_listen) << ", " << manager.slots() << " slot(s) ("
-            << (mc.gpus > 0 ? "GPU" : "CPU") << "), data in " << data_dir << "; workers: "
-            << (cgroups != nullptr ? cgroups->Describe() : "no cgroup")
-            << (run_as.has_value() ? absl::StrCat(", as user ", run_as->name, " (uid ", run_as->uid, ")",
-                                                  flags.workers_as_owner ? " or as the job's local owner" : "")
-                                   : "")
-            << std::endl;
+  FtdLog() << "serving on unix:" << lc.socket << " (local users), "
+           << (lc.listen.empty() ? std::string("no TCP") : lc.Describe(tcp->port())) << ", at most " << *budget
+           << " connections (" << connection_limits.per_peer_limit() << " per peer), metrics on "
+           << (metrics_listen.empty() ? "(off)" : metrics_listen) << ", " << manager.slots() << " slot(s) ("
+           << (mc.gpus > 0 ? "GPU" : "CPU") << "), data in " << data_dir << "; workers: "
+           << (cgroups != nullptr ? cgroups->Describe() : "no cgroup")
+           << (run_as.has_value() ? absl::StrCat(", as user ", run_as->name, " (uid ", run_as->uid, ")",
+                                              flags.workers_as_owner ? " or as the job's local owner" : "")
+                               : "");
 
   int sig = 0;
   sigwait(&sigs, &sig);
-  std::cerr << "ftd: signal " << sig << ": draining (up to " << drain_s << " s)" << std::endl;
+  FtdLog() << "signal " << sig << ": draining (up to " << drain_s << " s)";
   stopping.store(true);
   manager.CloseWatches();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int>(drain_s * 1000));
   manager.Drain(deadline);
   (*local)->Stop();
+  if (tcp != nullptr) tcp->Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   worker_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-  std::cerr << "ftd: stopped" << std::endl;
+  FtdLog() << "stopped";
   return 0;
 }

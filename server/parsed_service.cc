@@ -2,9 +2,11 @@
 
 #include <grpc/byte_buffer.h>
 #include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
 #include <grpc/slice.h>
 
 #include <memory>
+#include <new>
 #include <stdexcept>
 
 #include "absl/strings/str_cat.h"
@@ -28,31 +30,50 @@ std::string ReadAll(grpc_byte_buffer* bb) {
   return out;
 }
 
-// gRPC's typed handler, with its parse failure answered by RequestParseError.
-class NamedParseErrors final : public grpc::internal::MethodHandler {
+// What Deserialize hands on to RunHandler: the request's bytes, not yet parsed (in the call's arena).
+struct Unparsed {
+  grpc_byte_buffer* bytes;  // owned; null when the call carried no message
+};
+
+// gRPC's typed handler, run only for a call the gate admits, with its parse moved from Deserialize
+// (before the interceptors authenticate the call) to RunHandler (after), and its parse failure
+// answered by RequestParseError.
+class GatedHandler final : public grpc::internal::MethodHandler {
  public:
-  NamedParseErrors(grpc::internal::MethodHandler* typed, const Descriptor* request)
-      : typed_(typed), request_(request) {}
+  GatedHandler(grpc::internal::MethodHandler* typed, const Descriptor* request, const ParsedService::Gate* gate)
+      : typed_(typed), request_(request), gate_(gate) {}
 
-  void RunHandler(const HandlerParameter& p) override { typed_->RunHandler(p); }
+  void* Deserialize(grpc_call* call, grpc_byte_buffer* req, grpc::Status* status, void** /*handler_data*/) override {
+    *status = grpc::Status::OK;
+    return new (grpc_call_arena_alloc(call, sizeof(Unparsed))) Unparsed{req};
+  }
 
-  void* Deserialize(grpc_call* call, grpc_byte_buffer* req, grpc::Status* status, void** handler_data) override {
-    // The typed parse consumes `req`; a copy (slices are reference-counted) is kept for the error.
-    grpc_byte_buffer* copy = req != nullptr ? grpc_byte_buffer_copy(req) : nullptr;
-    void* parsed = typed_->Deserialize(call, req, status, handler_data);
-    if (!status->ok()) {
-      *status = ToGrpc(copy == nullptr
-                           ? absl::InvalidArgumentError(absl::StrCat("the call carried no ", request_->full_name(),
-                                                                     " message"))
-                           : RequestParseError(request_, ReadAll(copy)));
+  void RunHandler(const HandlerParameter& p) override {
+    grpc_byte_buffer* bytes = p.request != nullptr ? static_cast<Unparsed*>(p.request)->bytes : nullptr;
+    grpc::Status status = p.status;
+    void* parsed = nullptr;
+    if (status.ok() && *gate_) status = ToGrpc((*gate_)(p.server_context));
+    if (status.ok()) {
+      // The typed parse consumes the bytes; a copy (slices are reference-counted) is kept for the error.
+      grpc_byte_buffer* copy = bytes != nullptr ? grpc_byte_buffer_copy(bytes) : nullptr;
+      parsed = typed_->Deserialize(p.call->call(), bytes, &status, nullptr);
+      bytes = nullptr;
+      if (!status.ok()) {
+        status = ToGrpc(copy == nullptr ? absl::InvalidArgumentError(absl::StrCat("the call carried no ",
+                                                                                  request_->full_name(), " message"))
+                                        : RequestParseError(request_, ReadAll(copy)));
+      }
+      if (copy != nullptr) grpc_byte_buffer_destroy(copy);
     }
-    if (copy != nullptr) grpc_byte_buffer_destroy(copy);
-    return parsed;
+    if (bytes != nullptr) grpc_byte_buffer_destroy(bytes);  // refused: never read
+    // A status that is not OK is answered by the typed handler without running the method.
+    typed_->RunHandler(HandlerParameter(p.call, p.server_context, parsed, status, p.internal_data, p.call_requester));
   }
 
  private:
   std::unique_ptr<grpc::internal::MethodHandler> typed_;
   const Descriptor* request_;
+  const ParsedService::Gate* gate_;
 };
 
 }  // namespace
@@ -66,8 +87,9 @@ absl::Status RequestParseError(const Descriptor* type, std::string_view wire) {
       absl::StrCat("the request is not a valid ", type->full_name(), " (malformed protobuf, ", wire.size(), " bytes)"));
 }
 
-ParsedService::ParsedService(std::string_view service)
-    : service_(google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(std::string(service))) {
+ParsedService::ParsedService(std::string_view service, Gate gate)
+    : service_(google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(std::string(service))),
+      gate_(std::move(gate)) {
   if (service_ == nullptr) throw std::logic_error(absl::StrCat("no service ", std::string(service), " is linked in"));
 }
 
@@ -90,7 +112,7 @@ void ParsedService::Add(const MethodDescriptor* m, grpc::internal::RpcMethod::Rp
   }
   paths_.push_back(absl::StrCat("/", service_->full_name(), "/", m->name()));
   AddMethod(new grpc::internal::RpcServiceMethod(paths_.back().c_str(), type,
-                                                 new NamedParseErrors(typed, m->input_type())));
+                                                 new GatedHandler(typed, m->input_type(), &gate_)));
 }
 
 std::vector<std::string> ParsedService::Unregistered() const {

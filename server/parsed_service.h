@@ -1,20 +1,25 @@
-// A gRPC service whose every method answers a request that does not parse with INVALID_ARGUMENT
-// naming the field, instead of gRPC's bare INTERNAL.
+// A gRPC service whose every method parses its request only once the call is admitted (its caller
+// authenticated: the Gate), and answers a request that does not parse with INVALID_ARGUMENT naming
+// the field, instead of gRPC's bare INTERNAL.
 //
-// gRPC parses a request before any interceptor or handler sees it, and a failed parse (a proto3
-// string holding invalid UTF-8, a truncated or corrupt message) goes back as INTERNAL with an empty
-// message. Neither interceptors nor handlers ever see the bytes, so the mapping has to sit in the
-// method handler itself. A ParsedService registers its methods itself (the generated Service base
-// cannot swap a method's handler in place): each through gRPC's own typed handler, wrapped so that
-// on a parse failure the request's bytes are read again to name the offending field. The methods
-// are checked against the service's descriptor, and Unregistered() lists any left out, so a method
-// added to the .proto without a line here is caught by the tests and at start.
+// gRPC's synchronous server parses a request before any interceptor or handler sees it, and a failed
+// parse (a proto3 string holding invalid UTF-8, a truncated or corrupt message) goes back as
+// INTERNAL with an empty message, after libprotobuf wrote a line to the daemon's log. So the parse
+// moves into the method handler itself: its Deserialize keeps the request's bytes, unread; its
+// RunHandler (which runs after the interceptors, so after authentication) first asks the Gate, and
+// a call the Gate refuses is answered with the Gate's status, its bytes never parsed. An admitted
+// call's bytes are parsed by gRPC's own typed handler, and on a failure read again to name the
+// offending field. A ParsedService registers its methods itself (the generated Service base cannot
+// swap a method's handler in place). The methods are checked against the service's descriptor, and
+// Unregistered() lists any left out, so a method added to the .proto without a line here is caught
+// by the tests and at start.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/support/method_handler.h>
 
 #include <deque>
+#include <functional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -32,12 +37,17 @@ absl::Status RequestParseError(const google::protobuf::Descriptor* type, std::st
 
 class ParsedService : public grpc::Service {
  public:
+  // Whether the call `ctx` serves may have its request parsed and its handler run; a non-OK status
+  // is the call's answer.
+  using Gate = std::function<absl::Status(const grpc::ServerContextBase* ctx)>;
+
   // Methods of the service with no handler registered; empty once the service is complete.
   std::vector<std::string> Unregistered() const;
 
  protected:
-  // `service`: the full name of the service in the .proto ("ftd.v1.JobService").
-  explicit ParsedService(std::string_view service);
+  // `service`: the full name of the service in the .proto ("ftd.v1.JobService"); `gate`: asked
+  // before each request is parsed (null: every call is admitted).
+  ParsedService(std::string_view service, Gate gate);
 
   // Registers a unary method `name` served by `fn` of the derived class `Impl`.
   template <class Impl, class Req, class Resp>
@@ -70,6 +80,7 @@ class ParsedService : public grpc::Service {
            grpc::internal::MethodHandler* typed);
 
   const google::protobuf::ServiceDescriptor* service_;
+  Gate gate_;
   std::deque<std::string> paths_;  // "/ftd.v1.JobService/GetJob": gRPC keeps pointers to them
   std::set<std::string> registered_;
 };

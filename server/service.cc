@@ -42,7 +42,11 @@ absl::Status RequireId(const std::string& id) {
 
 JobServiceImpl::JobServiceImpl(JobManager* m, const std::atomic<bool>* stopping, const CallAuth* auth,
                                int priority_cap)
-    : ParsedService("ftd.v1.JobService"), m_(m), stopping_(stopping), auth_(auth), priority_cap_(priority_cap) {
+    : ParsedService("ftd.v1.JobService", Authenticated(auth)),
+      m_(m),
+      stopping_(stopping),
+      auth_(auth),
+      priority_cap_(priority_cap) {
   Register("SubmitJob", &JobServiceImpl::SubmitJob);
   Register("GetJob", &JobServiceImpl::GetJob);
   Register("ListJobs", &JobServiceImpl::ListJobs);
@@ -72,7 +76,8 @@ grpc::Status JobServiceImpl::Submit(const Identity& who, const ftd::v1::SubmitJo
   r.set_owner(*owner);
   auto out = m_->Submit(r, who.user(), OwnerUid(who, *owner));
   if (!out.ok()) return ToGrpc(out.status());
-  // A request_id another user's job already carries names that job: it is not this caller's to see.
+  // Request ids are per owner, so a job found by one is the owner's, whom the caller is or (an admin)
+  // submits for; should that ever not hold, the caller learns nothing of the job.
   if (!out->created()) {
     if (auto st = MayReadJob(who, out->job(), "see"); !st.ok()) {
       return ToGrpc(absl::AlreadyExistsError(absl::StrCat("request_id \"", req.request_id(),

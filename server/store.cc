@@ -71,7 +71,7 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path) {
     return s->Error("open");
   }
   sqlite3_busy_timeout(s->db_, 5000);
-  for (const char* pragma : {"PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL", "PRAGMA foreign_keys=ON"}) {
+  for (const char* pragma : {"PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL"}) {
     if (auto st = s->Exec(pragma); !st.ok()) return st;
   }
   {
@@ -82,7 +82,10 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path) {
                                               "): restore it from a backup or move it away to start empty"));
     }
   }
+  // Foreign keys are checked from here on; a migration that rebuilds a table runs without them
+  // (SQLite's procedure for changing a table's constraints) and checks them before it commits.
   if (auto st = s->Migrate(); !st.ok()) return st;
+  if (auto st = s->Exec("PRAGMA foreign_keys=ON"); !st.ok()) return st;
   for (int i = 0; i < kReadConnections; ++i) {
     sqlite3* r = nullptr;
     const int rc = sqlite3_open_v2(path.c_str(), &r, SQLITE_OPEN_READWRITE | SQLITE_OPEN_FULLMUTEX, nullptr);
@@ -160,14 +163,42 @@ absl::Status Store::Migrate() {
       {"CREATE TABLE usage(seq INTEGER PRIMARY KEY, owner TEXT NOT NULL, job_id TEXT NOT NULL,"
        " attempt INTEGER NOT NULL, gpus REAL NOT NULL, start_ms INTEGER NOT NULL, end_ms INTEGER NOT NULL)",
        "CREATE INDEX usage_by_end ON usage(end_ms)"},
+      // 4: request ids are per owner: the same id from two owners names two jobs (it was unique
+      // across all users, so one user's id named, and blocked, another's job). The table is rebuilt
+      // with UNIQUE(owner, request_id) in place of the column's UNIQUE; its AUTOINCREMENT counter is
+      // carried over, so that the id of a deleted job is never given again.
+      {"CREATE TABLE jobs_v4(seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, request_id TEXT,"
+       " state INTEGER NOT NULL, owner TEXT NOT NULL, kind INTEGER NOT NULL, priority INTEGER NOT NULL,"
+       " next_event INTEGER NOT NULL DEFAULT 1, job BLOB NOT NULL, UNIQUE(owner, request_id))",
+       "INSERT INTO jobs_v4(seq, id, request_id, state, owner, kind, priority, next_event, job)"
+       " SELECT seq, id, request_id, state, owner, kind, priority, next_event, job FROM jobs",
+       "DELETE FROM sqlite_sequence WHERE name = 'jobs_v4'",
+       "INSERT INTO sqlite_sequence(name, seq) SELECT 'jobs_v4', seq FROM sqlite_sequence WHERE name = 'jobs'",
+       "DROP TABLE jobs",
+       "ALTER TABLE jobs_v4 RENAME TO jobs",
+       "CREATE INDEX jobs_by_state ON jobs(state, priority DESC, seq)",
+       "CREATE INDEX jobs_list_state ON jobs(state, seq)",
+       "CREATE INDEX jobs_list_owner ON jobs(owner, state, seq)",
+       "CREATE INDEX jobs_list_kind ON jobs(kind, state, seq)",
+       "CREATE INDEX jobs_list_owner_kind ON jobs(owner, kind, state, seq)"},
   };
-  static_assert(kSchemaVersion == 3, "add the new version's steps above");
+  static_assert(kSchemaVersion == 4, "add the new version's steps above");
   for (int64_t v = version + 1; v <= kSchemaVersion; ++v) {
     for (const char* sql : kSteps[v - 1]) {
       if (auto st = Exec(sql); !st.ok()) return fail(st);
     }
   }
   if (version != kSchemaVersion) {
+    {
+      Stmt fk(db_, "PRAGMA foreign_key_check");
+      if (const int rc = fk.Step(); rc == SQLITE_ROW) {
+        return fail(absl::DataLossError(absl::StrCat("database ", path_, ": the upgrade to schema version ",
+                                                     kSchemaVersion, " found rows of table ", fk.Text(0),
+                                                     " that refer to no job; restore the file from a backup")));
+      } else if (rc != SQLITE_DONE) {
+        return fail(Error("check foreign keys"));
+      }
+    }
     Stmt u(db_, "INSERT OR REPLACE INTO meta(key, value) VALUES('schema_version', ?)");
     u.Bind(1, absl::StrCat(kSchemaVersion));
     if (u.Step() != SQLITE_DONE) return fail(Error("set schema version"));

@@ -31,7 +31,7 @@ namespace ftd::server {
 
 // 1: jobs, events, meta. 2: indexes for listing by state, owner and kind in submission order.
 // 3: usage (GPU time of ended attempts, by owner).
-inline constexpr int kSchemaVersion = 3;
+inline constexpr int kSchemaVersion = 4;
 // The most events one Events() call returns.
 inline constexpr int kMaxEventsPerRead = 1000;
 // Read connections (reads run concurrently with each other and with the one writer).
@@ -66,7 +66,8 @@ class Store {
   Store(const Store&) = delete;
   Store& operator=(const Store&) = delete;
 
-  // In one transaction: when request_id is set and already known, returns the existing job with
+  // In one transaction: when request_id is set and already names a job of the same owner (request
+  // ids are per owner), returns the existing job with
   // created = false (whether or not the queue is full); otherwise, when `job` is QUEUED and
   // `max_queued` jobs are already QUEUED, RESOURCE_EXHAUSTED; otherwise inserts the job (its id
   // assigned here) and its first event and returns it with created = true. `max_queued_owner` (0:

@@ -58,9 +58,10 @@ absl::StatusOr<std::pair<ftd::v1::Job, bool>> Store::Insert(ftd::v1::Job job, in
     return st;
   };
   // The request id first: a retried submit learns of its job even when the queue has filled since.
+  // Request ids are the owner's own: another owner's job with the same id is not this request's.
   if (!job.request_id().empty()) {
-    Stmt q(db_, "SELECT id FROM jobs WHERE request_id = ?");
-    q.Bind(1, job.request_id());
+    Stmt q(db_, "SELECT id FROM jobs WHERE owner = ? AND request_id = ?");
+    q.Bind(1, job.owner()).Bind(2, job.request_id());
     const int rc = q.Step();
     if (rc == SQLITE_ROW) {
       auto existing = LoadLocked(db_, q.Text(0), nullptr);

@@ -103,6 +103,24 @@ TEST(Store, IdsAreSequentialAndRequestIdsDeduplicate) {
   EXPECT_EQ((*s)->Get("j-000009").status().code(), absl::StatusCode::kNotFound);
 }
 
+// Request ids are per owner: the same id from another owner is another job, so that one user can
+// neither read another's job through a shared id nor take an id before its owner uses it.
+TEST(Store, RequestIdsArePerOwner) {
+  auto s = Store::Open(TempDb().string());
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto bob = (*s)->Insert(NewJob("nightly-1", "bob"), 1, kNoLimit);
+  auto alice = (*s)->Insert(NewJob("nightly-1", "alice"), 2, kNoLimit);
+  ASSERT_TRUE(bob.ok() && alice.ok()) << bob.status() << alice.status();
+  EXPECT_TRUE(bob->second);
+  EXPECT_TRUE(alice->second) << "another owner's id is not this owner's";
+  EXPECT_NE(alice->first.id(), bob->first.id());
+  auto retry = (*s)->Insert(NewJob("nightly-1", "alice"), 3, kNoLimit);
+  ASSERT_TRUE(retry.ok());
+  EXPECT_FALSE(retry->second);
+  EXPECT_EQ(retry->first.id(), alice->first.id());
+  EXPECT_EQ(retry->first.owner(), "alice");
+}
+
 TEST(Store, AKnownRequestIdIsAnsweredEvenWhenTheQueueIsFull) {
   auto s = Store::Open(TempDb().string());
   ASSERT_TRUE(s.ok()) << s.status();
@@ -423,7 +441,8 @@ TEST(Store, ReopeningKeepsEverythingAndIdsAreNotReused) {
 }
 
 // A database written by the first schema (the DDL it shipped with, below) is upgraded in place
-// when opened: its jobs and events stay, the listing indexes appear, ids continue.
+// when opened: its jobs and events stay, the listing indexes appear, request ids become per owner,
+// ids continue after the highest ever given (a deleted job's included).
 TEST(Store, AVersion1DatabaseIsUpgradedInPlace) {
   const fs::path db = TempDb();
   {
@@ -440,7 +459,7 @@ TEST(Store, AVersion1DatabaseIsUpgradedInPlace) {
         " unix_ms INTEGER NOT NULL, event BLOB NOT NULL, PRIMARY KEY(job_seq, seq)) WITHOUT ROWID;"
         "INSERT INTO meta(key, value) VALUES('schema_version', '1');";
     ASSERT_EQ(sqlite3_exec(raw, v1, nullptr, nullptr, nullptr), SQLITE_OK) << sqlite3_errmsg(raw);
-    for (int i = 1; i <= 3; ++i) {
+    for (int i = 1; i <= 4; ++i) {
       ftd::v1::Job j = NewJob(absl::StrCat("old-", i), i == 2 ? "bob" : "ana");
       j.set_id(absl::StrFormat("j-%06d", i));
       j.set_state(i == 3 ? ftd::v1::SUCCEEDED : ftd::v1::QUEUED);
@@ -470,6 +489,10 @@ TEST(Store, AVersion1DatabaseIsUpgradedInPlace) {
       ASSERT_EQ(sqlite3_step(q), SQLITE_DONE);
       sqlite3_finalize(q);
     }
+    // The newest job was deleted: its id is not given again.
+    ASSERT_EQ(sqlite3_exec(raw, "DELETE FROM events WHERE job_seq = 4; DELETE FROM jobs WHERE seq = 4", nullptr,
+                           nullptr, nullptr),
+              SQLITE_OK);
     sqlite3_close(raw);
   }
   {
@@ -497,8 +520,13 @@ TEST(Store, AVersion1DatabaseIsUpgradedInPlace) {
     EXPECT_FALSE(retry->second);
     auto fresh = (*s)->Insert(NewJob("new"), 9, kNoLimit);
     ASSERT_TRUE(fresh.ok());
-    EXPECT_EQ(fresh->first.id(), "j-000004");
+    EXPECT_EQ(fresh->first.id(), "j-000005");
+    auto other_owner = (*s)->Insert(NewJob("old-2", "ana"), 9, kNoLimit);  // old-2 is bob's
+    ASSERT_TRUE(other_owner.ok()) << other_owner.status();
+    EXPECT_TRUE(other_owner->second);
+    EXPECT_EQ(other_owner->first.id(), "j-000006");
     EXPECT_TRUE((*s)->IntegrityCheck().ok());
+    EXPECT_EQ(Query(db, "PRAGMA foreign_key_check"), std::vector<std::string>{});
   }
   // Opening an up-to-date file again changes nothing.
   auto again = Store::Open(db.string());
@@ -506,7 +534,7 @@ TEST(Store, AVersion1DatabaseIsUpgradedInPlace) {
   int64_t next = 0;
   auto all = (*again)->List(JobFilter{}, &next);
   ASSERT_TRUE(all.ok());
-  EXPECT_EQ(all->size(), 4u);
+  EXPECT_EQ(all->size(), 5u);
 }
 
 TEST(Store, NewerSchemaIsRefused) {

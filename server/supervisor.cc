@@ -34,6 +34,14 @@ struct ChildFailure {
 constexpr const char* kChildSteps[] = {"open /dev/null", "open the log", "setgroups", "setgid",
                                        "setuid", "exec", "give the log to the worker's user"};
 
+// Whether `err` says that the daemon itself ran short (its descriptor table, the system's, memory
+// for a pipe or a process): RESOURCE_EXHAUSTED, which the job manager does not count against the job.
+bool DaemonShort(int err) { return err == EMFILE || err == ENFILE || err == ENOMEM || err == EAGAIN || err == ENOBUFS; }
+
+absl::Status StartError(int err, std::string message) {
+  return DaemonShort(err) ? absl::ResourceExhaustedError(std::move(message)) : absl::InternalError(std::move(message));
+}
+
 [[noreturn]] void ChildFail(int report_fd, int step) {
   const ChildFailure f{step, errno};
   (void)!::write(report_fd, &f, sizeof f);
@@ -80,7 +88,8 @@ absl::StatusOr<pid_t> ForkExec(const std::string& binary, char* const* argv, cha
                                const std::optional<SpawnCredentials>& cred) {
   int report[2];
   if (::pipe2(report, O_CLOEXEC) != 0) {
-    return absl::InternalError(absl::StrCat("cannot start ", binary, ": pipe: ", std::strerror(errno)));
+    const int err = errno;
+    return StartError(err, absl::StrCat("cannot start ", binary, ": pipe: ", std::strerror(err)));
   }
   const pid_t pid = ::fork();
   if (pid == 0) {
@@ -92,7 +101,7 @@ absl::StatusOr<pid_t> ForkExec(const std::string& binary, char* const* argv, cha
   ::close(report[1]);
   if (pid < 0) {
     ::close(report[0]);
-    return absl::InternalError(absl::StrCat("cannot start ", binary, ": fork: ", std::strerror(fork_err)));
+    return StartError(fork_err, absl::StrCat("cannot start ", binary, ": fork: ", std::strerror(fork_err)));
   }
   ChildFailure f;
   ssize_t n;
@@ -104,11 +113,13 @@ absl::StatusOr<pid_t> ForkExec(const std::string& binary, char* const* argv, cha
   ::waitpid(pid, nullptr, 0);
   if (n != static_cast<ssize_t>(sizeof f)) return absl::InternalError(absl::StrCat("cannot start ", binary));
   if (f.step < 0 || f.step >= static_cast<int>(std::size(kChildSteps))) return absl::InternalError(absl::StrCat("cannot start ", binary));
-  if (f.step == 5) return absl::InternalError(absl::StrCat("cannot start ", binary, ": ", std::strerror(f.err)));
+  if (f.step == 5) return StartError(f.err, absl::StrCat("cannot start ", binary, ": ", std::strerror(f.err)));
   std::string what = kChildSteps[f.step];
   if (f.step == 1) what += " " + log_path;
   if ((f.step >= 2 && f.step <= 4) || f.step == 6) what += absl::StrCat(" to uid ", cred->uid, " gid ", cred->gid);
-  return absl::InternalError(absl::StrCat("cannot start ", binary, ": ", what, ": ", std::strerror(f.err)));
+  // Only a descriptor the child could not open is the daemon's shortage (its table is the daemon's copy).
+  const std::string message = absl::StrCat("cannot start ", binary, ": ", what, ": ", std::strerror(f.err));
+  return f.step <= 1 ? StartError(f.err, message) : absl::InternalError(message);
 }
 
 }  // namespace
@@ -164,8 +175,8 @@ absl::StatusOr<pid_t> Supervisor::Spawn(const SpawnRequest& req) {
     const int err = errno;
     ::kill(-*pid, SIGKILL);
     ::waitpid(*pid, nullptr, 0);
-    return absl::InternalError(absl::StrCat("cannot watch the started ", req.binary, " (pidfd_open needs Linux 5.3 or "
-                                            "newer): ", std::strerror(err)));
+    return StartError(err, absl::StrCat("cannot watch the started ", req.binary,
+                                        " (pidfd_open needs Linux 5.3 or newer): ", std::strerror(err)));
   }
   {
     std::lock_guard<std::mutex> l(mu_);

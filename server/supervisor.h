@@ -44,6 +44,9 @@ class Supervisor {
   explicit Supervisor(ExitCallback on_exit);
   ~Supervisor();  // stops the reaper; does not kill workers
 
+  // RESOURCE_EXHAUSTED when the daemon itself is short of what starting a process takes (EMFILE,
+  // ENFILE, ENOMEM, EAGAIN: a pipe, a pidfd, the fork, the child's log descriptor); INTERNAL for
+  // any other failure (no such binary, no such user).
   absl::StatusOr<pid_t> Spawn(const SpawnRequest& req);
   // `sig` (SIGTERM, SIGUSR1) to the process group now, SIGKILL to it after `grace_ms` if it is still
   // there (replacing an earlier deadline). Only for a child of this supervisor that has not been

@@ -16,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "server/log.h"
 
 namespace ftd::server {
 
@@ -66,8 +67,8 @@ UnixListener::~UnixListener() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-void UnixListener::Serve(grpc::Server* server) {
-  thread_ = std::thread([this, server] { Loop(server); });
+void UnixListener::Serve(grpc::Server* server, ConnectionLimits* limits, uid_t daemon_uid) {
+  thread_ = std::thread([this, server, limits, daemon_uid] { Loop(server, limits, daemon_uid); });
 }
 
 void UnixListener::Stop() {
@@ -90,7 +91,7 @@ int UnixListener::Adopt(int fd) {
   return moved;
 }
 
-void UnixListener::Loop(grpc::Server* server) {
+void UnixListener::Loop(grpc::Server* server, ConnectionLimits* limits, uid_t daemon_uid) {
   while (!stop_) {
     int fd = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
@@ -100,7 +101,7 @@ void UnixListener::Loop(grpc::Server* server) {
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
         continue;
       }
-      std::cerr << "ftd: accept on " << path_ << ": " << strerror(errno) << std::endl;
+      FtdLog() << "accept on " << path_ << ": " << strerror(errno);
       return;
     }
     Conn c;
@@ -110,6 +111,12 @@ void UnixListener::Loop(grpc::Server* server) {
       continue;
     }
     fd = Adopt(fd);
+    const bool admin = c.cred.uid == 0 || c.cred.uid == daemon_uid;
+    const std::string peer = absl::StrCat("local user ", LocalUserName(c.cred.uid), " (uid ", c.cred.uid, ")");
+    if (limits != nullptr && !limits->Admit(fd, peer, /*local=*/true, /*exempt=*/admin).ok()) {
+      ::close(fd);
+      continue;
+    }
     c.inode = InodeOf(fd);
     {
       std::lock_guard<std::mutex> l(mu_);

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/job_files.h"
+#include "server/log.h"
 #include "server/supervisor.h"
 
 namespace ftd::server {
@@ -145,7 +146,7 @@ absl::StatusOr<int64_t> ProcessLauncher::Launch(const LaunchRequest& req) {
       if (auto st = cfg_.cgroups->Place(cgroup, *pid); st.ok()) {
         r.cgroup = cgroup;
       } else {
-        std::cerr << "ftd: job " << req.job_id << " runs without a memory limit: " << st.message() << std::endl;
+        FtdLog() << "job " << req.job_id << " runs without a memory limit: " << st.message();
       }
     }
   }

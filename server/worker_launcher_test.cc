@@ -2,13 +2,16 @@
 // whether the kernel's OOM killer ended the worker.
 #include "server/worker_launcher.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <filesystem>
@@ -153,6 +156,32 @@ TEST_F(LauncherTest, ARankThatFailsStopsEveryRankAndTheAttemptEndsAsItDid) {
   ASSERT_EQ(lines.size(), 2u);
   EXPECT_NE(lines[0].find("--rank 0 --store " + store + " 3,5 0 1 1"), std::string::npos) << lines[0];
   EXPECT_NE(lines[1].find("--rank 1 --store " + store + " 3,5 0 1 1"), std::string::npos) << lines[1];
+}
+
+// A daemon at its descriptor limit cannot make the pipe a start needs: RESOURCE_EXHAUSTED, which the
+// job manager does not count against the job (exit_classification.h), not a spawn failure. Here the
+// test process itself has every descriptor below its limit taken.
+TEST_F(LauncherTest, AStartTheDaemonHasNoDescriptorsForIsResourceExhausted) {
+  ProcessLauncher launcher({worker_, "unix:/nonexistent", dir_ + "/jobs", nullptr, std::nullopt});
+  launcher.SetExitHandler([](const std::string&, int, ExitStatus) {});
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &old), 0);
+  rlimit tight = old;
+  tight.rlim_cur = 256;
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &tight), 0);
+  // Every descriptor below the limit taken, as a flood of connections would take them.
+  std::vector<int> fillers;
+  for (int fd; (fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0;) fillers.push_back(fd);
+  ASSERT_EQ(errno, EMFILE);
+  auto pid = launcher.Launch({"j-000001", 1, "token", "cpu", -1, {}, {}, 1});
+  for (int fd : fillers) ::close(fd);
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &old), 0);
+  ASSERT_FALSE(pid.ok());
+  EXPECT_EQ(pid.status().code(), absl::StatusCode::kResourceExhausted) << pid.status();
+  EXPECT_NE(pid.status().message().find("Too many open files"), std::string::npos) << pid.status();
+  // With room again, the same launch starts.
+  auto again = launcher.Launch({"j-000001", 2, "token", "cpu", -1, {}, {}, 1});
+  EXPECT_TRUE(again.ok()) << again.status();
 }
 
 TEST(WorkerUserTest, AnUnknownUserOrRootIsRefusedAndSoIsADaemonThatCannotSwitch) {

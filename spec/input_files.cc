@@ -2,11 +2,14 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <climits>
+#include <cstdlib>
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 namespace ftd::spec {
 namespace {
@@ -44,7 +47,86 @@ absl::Status Check(absl::string_view field, const std::string& path, Want want, 
                                                  "; it must be ", expected));
 }
 
+// Whether `u` may `want` (4 read, 2 write, 1 search/execute) the file `st` describes, by its mode.
+bool May(const FileUser& u, const struct stat& st, int want) {
+  if (u.uid == 0) return true;
+  int bits = st.st_mode & 7;
+  if (st.st_uid == u.uid) {
+    bits = (st.st_mode >> 6) & 7;
+  } else if (st.st_gid == u.gid || std::find(u.groups.begin(), u.groups.end(), st.st_gid) != u.groups.end()) {
+    bits = (st.st_mode >> 3) & 7;
+  }
+  return (bits & want) == want;
+}
+
+// Whether `u` may search every directory from / down to `dir` (an absolute, resolved path).
+bool MaySearchTo(const FileUser& u, const std::string& dir) {
+  // "/", "/a", "/a/b", ..., `dir`.
+  for (size_t end = 0;;) {
+    const std::string at = end == 0 ? "/" : dir.substr(0, end);
+    struct stat st {};
+    if (::stat(at.c_str(), &st) != 0 || !May(u, st, 1)) return false;
+    if (end == dir.size() || dir == "/") return true;
+    end = dir.find('/', end + 1);
+    if (end == std::string::npos) end = dir.size();
+  }
+}
+
+absl::Status Denied(absl::string_view field, const FileUser& u, const std::string& path, const char* what) {
+  return absl::PermissionDeniedError(absl::StrCat(
+      field, ": permission denied: ", u.name, " (uid ", u.uid, ") may not ", what, " ", Quote(path),
+      "; a local user's job uses only the files its owner may, as the owner would (the workers run with other "
+      "rights here, and no --user-root or --read-only-root confines them)"));
+}
+
+absl::Status CheckUse(absl::string_view field, const std::string& path, bool output, const FileUser& u) {
+  if (path.empty() || path.front() != '/') return absl::OkStatus();
+  // The nearest existing path at or above it, resolved (links followed, as the worker's open would).
+  std::string existing = path;
+  char resolved[PATH_MAX];
+  while (::realpath(existing.c_str(), resolved) == nullptr) {
+    const size_t slash = existing.rfind('/');
+    if (slash == std::string::npos || existing == "/") return absl::OkStatus();
+    existing = slash == 0 ? "/" : existing.substr(0, slash);
+  }
+  const std::string real = resolved;
+  struct stat st {};
+  if (::stat(real.c_str(), &st) != 0) return absl::OkStatus();
+  const bool dir = S_ISDIR(st.st_mode);
+  const std::string parent = real == "/" ? "/" : real.substr(0, std::max<size_t>(real.rfind('/'), 1));
+  if (!MaySearchTo(u, dir ? real : parent)) return Denied(field, u, path, output ? "write" : "reach");
+  if (existing != path) {
+    // Missing below `existing`: an output is made there (it must be writable); a missing input is
+    // refused by CheckInputFiles, now that its directory is known to be the user's to search.
+    if (output && !May(u, st, 3)) return Denied(field, u, path, "write");
+    return absl::OkStatus();
+  }
+  if (output) return dir && !May(u, st, 3) ? Denied(field, u, path, "write") : absl::OkStatus();
+  return May(u, st, dir ? 5 : 4) ? absl::OkStatus() : Denied(field, u, path, "read");
+}
+
 }  // namespace
+
+absl::Status CheckUserMayUse(const TrainConfig& c, const FileUser& user) {
+  const struct {
+    absl::string_view field;
+    const std::string& path;
+    bool output;
+  } paths[] = {
+      {"spec.data.path", c.data.path, false},
+      {"spec.data.eval_path", c.data.eval_path, false},
+      {"spec.data.tokenizer_path", c.data.tokenizer_path, false},
+      {"spec.data.cache_dir", c.data.cache_dir, true},
+      {"spec.model.config_path", c.model.config_path, false},
+      {"spec.model.weights_path", c.model.weights_path, false},
+      {"spec.lora.adapter_path", c.lora.adapter_path, false},
+      {"spec.checkpoint.dir", c.checkpoint.dir, true},
+  };
+  for (const auto& p : paths) {
+    if (auto st = CheckUse(p.field, p.path, p.output, user); !st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
 
 const char* FileTypeName(mode_t mode) {
   if (S_ISREG(mode)) return "a regular file";

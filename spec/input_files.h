@@ -11,6 +11,9 @@
 
 #include <sys/types.h>
 
+#include <string>
+#include <vector>
+
 #include "absl/status/status.h"
 #include "spec/train_config.h"
 
@@ -30,5 +33,21 @@ const char* FileTypeName(mode_t mode);
 //   spec.lora.adapter_path      a directory
 //   spec.checkpoint.dir         a directory
 absl::Status CheckInputFiles(const TrainConfig& config);
+
+// A local user a job's files are checked for: the job's owner, when its workers will not run as
+// that user (with no roots configured, they open the spec's files with their own rights, root's
+// included).
+struct FileUser {
+  std::string name;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  std::vector<gid_t> groups;  // supplementary groups, the primary one included
+};
+
+// PERMISSION_DENIED naming the first field whose path `user` could not use themself, by the files'
+// modes: an input they may not read (or a directory on its way they may not search), an output whose
+// nearest existing directory they may not write. Checked before CheckInputFiles, so that whether a
+// file the user may not reach exists is not told either. Relative paths are left to the worker.
+absl::Status CheckUserMayUse(const TrainConfig& config, const FileUser& user);
 
 }  // namespace ftd::spec

@@ -116,5 +116,62 @@ TEST_F(InputFiles, ALongPathIsNotEchoedWhole) {
   EXPECT_NE(st.message().find(absl::StrCat(c.data.path.size(), " bytes")), std::string::npos) << st;
 }
 
+// A local user's job whose workers run with other rights (root's, with no roots configured) may
+// name only what its owner could use: by the files' modes, as the kernel would judge the owner.
+TEST_F(InputFiles, AUserMayNameOnlyWhatTheyCouldUseThemself) {
+  const FileUser alice{"alice", 54321, 54321, {54321}};
+  const fs::path open = dir_ / "open", closed = dir_ / "closed";
+  fs::create_directories(open / "ckpt");
+  fs::create_directories(closed);
+  ::chmod(dir_.c_str(), 0755);
+  ::chmod(open.c_str(), 0755);
+  ::chmod((open / "ckpt").c_str(), 0755);
+  ::chmod(closed.c_str(), 0700);
+  for (const fs::path& f : {open / "public.bin", open / "private.bin", closed / "public.bin"}) {
+    std::ofstream(f) << "ab";
+    ::chmod(f.c_str(), f.filename() == "private.bin" ? 0600 : 0644);
+  }
+  // The test runs as some other user than "alice" (root on CI): only the "others" bits are hers.
+  ASSERT_NE(::getuid(), alice.uid);
+  TrainConfig c;
+  c.data.path = (open / "public.bin").string();
+  EXPECT_TRUE(CheckUserMayUse(c, alice).ok()) << CheckUserMayUse(c, alice);
+  c.data.path = (open / "private.bin").string();
+  auto st = CheckUserMayUse(c, alice);
+  EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(std::string(st.message()).starts_with(absl::StrCat(
+      "spec.data.path: permission denied: alice (uid 54321) may not read \"", c.data.path, "\"")))
+      << st;
+  // A directory on the way she may not search: refused whether or not the file exists.
+  for (const char* name : {"public.bin", "no-such.bin"}) {
+    c.data.path = (closed / name).string();
+    st = CheckUserMayUse(c, alice);
+    EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied) << name;
+    EXPECT_NE(st.message().find("may not reach"), std::string::npos) << st;
+  }
+  // An output where she may not write, existing or to be made.
+  c.data.path = (open / "public.bin").string();
+  for (const fs::path& out : {open / "ckpt", open / "ckpt" / "new" / "deeper"}) {
+    c.checkpoint.dir = out.string();
+    st = CheckUserMayUse(c, alice);
+    EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied) << out;
+    EXPECT_NE(st.message().find("spec.checkpoint.dir: permission denied: alice (uid 54321) may not write"),
+              std::string::npos)
+        << st;
+  }
+  ::chmod((open / "ckpt").c_str(), 0777);
+  EXPECT_TRUE(CheckUserMayUse(c, alice).ok()) << CheckUserMayUse(c, alice);
+  // Her group's bits count for her groups.
+  c.checkpoint.dir.clear();
+  c.data.path = (open / "private.bin").string();
+  ::chmod(c.data.path.c_str(), 0640);
+  const FileUser in_group{"alice", 54321, 54321, {54321, ::getgid()}};
+  EXPECT_TRUE(CheckUserMayUse(c, in_group).ok());
+  EXPECT_FALSE(CheckUserMayUse(c, alice).ok());
+  // Relative paths are the worker's to check.
+  c.data.path = "relative.bin";
+  EXPECT_TRUE(CheckUserMayUse(c, alice).ok());
+}
+
 }  // namespace
 }  // namespace ftd::spec

@@ -9,6 +9,7 @@
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/unknown_field_set.h"
 #include "spec/message_walk.h"
+#include "spec/text.h"
 
 namespace ftd::spec {
 namespace {
@@ -66,6 +67,13 @@ class Checker final : public MessageVisitor {
         return Finite(field, rep ? r->GetRepeatedFloat(m, f, i) : r->GetFloat(m, f));
       case FieldDescriptor::CPPTYPE_ENUM:
         return KnownEnum(field, f, rep ? r->GetRepeatedEnumValue(m, f, i) : r->GetEnumValue(m, f));
+      case FieldDescriptor::CPPTYPE_STRING: {
+        if (f->type() == FieldDescriptor::TYPE_BYTES) return absl::OkStatus();
+        std::string scratch;
+        const std::string& v =
+            rep ? r->GetRepeatedStringReference(m, f, i, &scratch) : r->GetStringReference(m, f, &scratch);
+        return CheckNoControlChars(v, field);
+      }
       default:
         return absl::OkStatus();
     }

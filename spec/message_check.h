@@ -1,6 +1,8 @@
 // Checks of a protobuf message that came from outside (a gRPC request, a spec file) that its
 // parser lets through: fields this build does not know (a newer client's, or stray bytes), enum
-// values outside their enum (proto3 keeps them as numbers), and NaN or infinite floats and doubles.
+// values outside their enum (proto3 keeps them as numbers), NaN or infinite floats and doubles, and
+// text fields holding control characters (spec/text.h: a NUL in a path, a newline or an escape
+// sequence in a name).
 // Generic over every field, so a field added to the protos later is covered without a new check.
 #pragma once
 

@@ -5,6 +5,7 @@
 
 #include <limits>
 
+#include "absl/strings/match.h"
 #include "ftd/v1/jobs.pb.h"
 #include "google/protobuf/unknown_field_set.h"
 
@@ -66,6 +67,37 @@ TEST(CheckMessage, NonFiniteNumbersAreRefusedNamingTheirPath) {
     c.mutable_spec()->mutable_lora()->set_alpha(bad);
     EXPECT_TRUE(starts(CheckMessage(c, ""), "spec.lora.alpha must be a finite number"));
   }
+}
+
+TEST(CheckMessage, ControlCharactersInTextFieldsAreRefusedNamingTheField) {
+  auto name = Valid();
+  name.set_name("run\nftd: job j-000001 RUNNING -> SUCCEEDED (SUCCEEDED): forged line");
+  EXPECT_EQ(CheckMessage(name, "").message(),
+            "name holds a control character (U+000A, a newline, at byte 3): text fields take printable text only; "
+            "remove it");
+  auto rid = Valid();
+  rid.set_request_id("nightly\x1b]0;owned\a");
+  EXPECT_TRUE(absl::StartsWith(CheckMessage(rid, "").message(), "request_id holds a control character (U+001B"));
+  // A NUL in every path field: the part after it was silently dropped when the path was opened.
+  auto path = Valid();
+  path.mutable_spec()->mutable_data()->set_path(std::string("data.bin\0/../../etc/shadow", 26));
+  EXPECT_EQ(CheckMessage(path, "").message(),
+            "spec.data.path holds a NUL byte (U+0000, a NUL, at byte 8): a path cannot hold one; remove it");
+  auto ckpt = Valid();
+  ckpt.mutable_spec()->mutable_checkpoint()->set_dir(std::string("ck\0x", 4));
+  EXPECT_TRUE(
+      absl::StartsWith(CheckMessage(ckpt.spec(), "spec").message(), "spec.checkpoint.dir holds a NUL byte"));
+  auto module = Valid();
+  module.mutable_spec()->mutable_lora()->add_target_modules("v\x7f");
+  EXPECT_TRUE(absl::StartsWith(CheckMessage(module, "").message(),
+                               "spec.lora.target_modules[1] holds a control character"));
+  auto key = Valid();
+  (*key.mutable_spec()->mutable_kernels())["rms\tnorm"] = "fused";
+  EXPECT_TRUE(absl::StartsWith(CheckMessage(key, "").message(),
+                               "spec.kernels key holds a control character (U+0009, a tab"));
+  auto fine = Valid();
+  fine.set_name("lr-sweep ünïcode ✓");
+  EXPECT_TRUE(CheckMessage(fine, "").ok());
 }
 
 }  // namespace

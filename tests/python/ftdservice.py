@@ -38,9 +38,9 @@ class Daemon:
     (`addr`, `socket`: in `tmp` unless given), where the test, as root, is an admin; `tcp` is its
     loopback port, where calls need a token or a client certificate. `unix_socket` leaves TCP off:
     for tests that restart the daemon while clients retry, so that no other process can take the
-    port in between and answer them."""
+    port in between and answer them. `nofile` runs it under that descriptor limit (RLIMIT_NOFILE)."""
 
-    def __init__(self, tmp, *flags, env=None, scripts=None, unix_socket=False, socket=None):
+    def __init__(self, tmp, *flags, env=None, scripts=None, unix_socket=False, socket=None, nofile=None):
         self.data = Path(tmp) / "data"
         self.port, self.metrics_port = free_port(), free_port()
         self.socket = Path(socket) if socket else Path(tmp) / "ftd.sock"
@@ -51,6 +51,7 @@ class Daemon:
         if scripts is not None:
             self.flags += ["--worker", str(FAKE_WORKER)]
             self.env.update(FTD_FAKE_WORKER_SCRIPT=json.dumps(scripts), FTD_FAKE_WORKER_REAL=str(WORKER))
+        self.nofile = nofile
         self.log = open(Path(tmp) / "ftd.log", "ab")
         self.proc = None
         self.start()
@@ -62,9 +63,13 @@ class Daemon:
             [str(FTD), "--listen", self.tcp, "--socket", str(self.socket), "--metrics-listen", f"127.0.0.1:{self.metrics_port}",
              "--data-dir", str(self.data), *([] if "--gpus" in self.flags else ["--gpus", "0"]), "--backoff-s", "0.2",
              "--grace-s", "3", "--heartbeat-timeout-s", "5", *self.flags],
-            stdout=self.log, stderr=self.log, env=self.env)
+            stdout=self.log, stderr=self.log, env=self.env, preexec_fn=self._limit if self.nofile else None)
         if wait:
             self.wait_ready()
+
+    def _limit(self):
+        import resource
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile))
 
     def wait_ready(self, timeout=20):
         """Waits for the daemon's own "serving on" line (printed once it listens and has recovered

@@ -130,6 +130,39 @@ def test_a_second_local_user_is_distinct_and_cannot_touch_others_jobs(shared):
     assert got["owner"] == BOB and got["submitted_by"] == "root"
 
 
+def test_request_ids_are_per_owner_and_a_mismatch_names_fields_only_to_the_owner(shared, tmp_path):
+    """Request ids were unique across users and checked before any authorization: Bob's submit with
+    Alice's id named her job and, field by field, how her spec differed from his, and Bob could take
+    an id before Alice used it. Now each owner's ids are their own, for local and token users alike."""
+    d = shared
+    alice = ok(as_user(ALICE, d, "submit", "--default", "--set", "optimizer.lr=0.00123", "--set", "steps=777",
+                       "--request-id", "nightly-1"))
+    p = as_user(BOB, d, "submit", "--default", "--set", "optimizer.lr=0.1", "--request-id", "nightly-1")
+    bob = ok(p)
+    assert bob != alice and "request id already used" not in p.stderr, (bob, p.stderr)
+    p = as_user(BOB, d, "submit", "--default", "--set", "optimizer.lr=0.00123", "--set", "steps=777",
+                "--request-id", "nightly-1")
+    assert p.returncode == 3 and "ALREADY_EXISTS" in p.stderr and bob in p.stderr, p.stderr
+    assert alice not in p.stderr and "owner" not in p.stderr.split("differs in:")[1], p.stderr  # his own job's fields
+    # Alice's retry still finds her job; a different request of hers names her own fields.
+    p = as_user(ALICE, d, "submit", "--default", "--set", "optimizer.lr=0.00123", "--set", "steps=777",
+                "--request-id", "nightly-1")
+    assert ok(p) == alice and "request id already used" in p.stderr, p.stderr
+    p = as_user(ALICE, d, "submit", "--default", "--set", "steps=5", "--request-id", "nightly-1")
+    assert p.returncode == 3 and f"already names job {alice}" in p.stderr and "spec.steps" in p.stderr, p.stderr
+    # Bob taking an id first does not keep Alice from using it.
+    taken = ok(as_user(BOB, d, "submit", "--default", "--request-id", "alice-tomorrow"))
+    mine = ok(as_user(ALICE, d, "submit", "--default", "--request-id", "alice-tomorrow"))
+    assert mine != taken
+    owners = {j["id"]: j["owner"] for j in json.loads(ok(ftctl(d, "list", "-o", "json")))}
+    assert (owners[alice], owners[bob], owners[taken], owners[mine]) == (ALICE, BOB, BOB, ALICE), owners
+    # The same between two token users over TCP.
+    carol, dave = make_token(d, "carol"), make_token(d, "dave")
+    c = ok(tcp(d, "submit", "--default", "--set", "steps=3", "--request-id", "shared-id", token=carol))
+    p = tcp(d, "submit", "--default", "--set", "steps=4", "--request-id", "shared-id", token=dave)
+    assert ok(p) != c and "already" not in p.stderr, p.stderr
+
+
 # --- tokens ------------------------------------------------------------------------------------
 
 @pytest.fixture
@@ -443,7 +476,7 @@ def test_audit_records_every_mutating_call_durably(tmp_path):
         tid = carol.read_text().split("_")[1]
         assert got == [("root", "CreateToken", tid, "OK"), ("root", "SubmitJob", job, "OK"),
                        ("carol", "CancelJob", job, "PERMISSION_DENIED"), ("root", "CancelJob", job, "OK"),
-                       ("", "CancelJob", job, "UNAUTHENTICATED")], got
+                       ("", "CancelJob", "", "UNAUTHENTICATED")], got
         sub = recs[-2]
         assert "name=audited" in sub["detail"] and sub["via"] == "unix socket uid 0" and "local uid 0" in sub["peer"]
         assert recs[2]["peer"].startswith("ipv4:127.0.0.1:") and "belongs to root" in recs[2]["message"]

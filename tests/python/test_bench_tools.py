@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from ftdservice import TINY, ftctl, submit
+from ftdtest import BUILD
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
@@ -191,3 +192,16 @@ def test_train_bench_peers_run_without_checkpointing_first(monkeypatch):
     calls.clear()
     assert tb.run_peer("tok", 8, 2048, 3, "hf-float8", "off")["outcome"] == "OUT_OF_MEMORY"
     assert calls == [False]
+
+
+def test_list_bench_times_restarts_as_the_queue_grows(tmp_path):
+    """bench/list_bench.py, in miniature: restarts are timed at each queue size asked for."""
+    p = subprocess.run([sys.executable, str(BENCH / "list_bench.py"), "--build", str(BUILD), "--out", str(tmp_path),
+                        "--jobs", "60", "--restart-at", "20,60", "--restarts", "2", "--idle-samples", "2",
+                        "--watchers", "1", "--clients", "1", "--seconds", "1", "--load-procs", "1"],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads((tmp_path / "list_bench.json").read_text())
+    assert [x["queued"] for x in r["restarts"]] == [20, 60], r["restarts"]
+    assert all(x["n"] == 2 and 0 < x["p50_ms"] <= x["max_ms"] for x in r["restarts"]), r["restarts"]
+    assert "| jobs queued | restarts | start p50 (ms) | start max (ms) |" in p.stdout, p.stdout

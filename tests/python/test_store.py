@@ -237,6 +237,45 @@ def test_full_disk_submit_is_resource_exhausted_and_recovers(tmp_path, small_dis
         d.stop()
 
 
+def test_a_change_whose_audit_record_cannot_be_written_is_refused(tmp_path, small_disk):
+    """docs/security.md: a mutating call's audit record is committed before its answer. With the disk
+    full, records were dropped (a line in ftd's log each) while the calls went ahead. Now a call whose
+    record cannot be written is refused and changes nothing; every call that went ahead has its record.
+    Pausing and resuming the scheduler change no job, so only the audit log can refuse them."""
+    d = Daemon(tmp_path)
+    try:
+        with grpc.insecure_channel(d.addr) as ch:
+            svc = JobService(ch)
+            done, refused = ["PauseScheduler", "ResumeScheduler"], None
+            svc.PauseScheduler(msg("SchedulerRequest")(), timeout=30)
+            svc.ResumeScheduler(msg("SchedulerRequest")(), timeout=30)
+            fill(small_disk / "filler")
+            for i in range(400):
+                pause = i % 2 == 0
+                call = svc.PauseScheduler if pause else svc.ResumeScheduler
+                try:
+                    state = call(msg("SchedulerRequest")(), timeout=30)
+                    assert state.paused == pause
+                    done.append("PauseScheduler" if pause else "ResumeScheduler")
+                except grpc.RpcError as e:
+                    refused = e
+                    assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, (e.code(), e.details())
+                    assert "audit log" in e.details() and "disk is full" in e.details(), e.details()
+                    # Nothing changed: the scheduler is as the last call that went ahead left it.
+                    assert svc.GetScheduler(msg("SchedulerRequest")(), timeout=30).paused == (not pause)
+                    break
+            assert refused is not None, "400 audited calls on a full disk all went ahead"
+            os.remove(small_disk / "filler")
+        records = json.loads(ftctl(d, "admin", "audit", "--limit", "1000", "-o", "json").stdout).get("records", [])
+        recorded = [r["action"] for r in reversed(records) if r["action"] in ("PauseScheduler", "ResumeScheduler")]
+        assert recorded[:len(done)] == done, (len(recorded), len(done))
+        assert all(r["code"] == "OK" for r in records if r["action"] in ("PauseScheduler", "ResumeScheduler")
+                   and r.get("message", "") == ""), records[:3]
+        assert "refusing the call" in d.read_log()
+    finally:
+        d.stop()
+
+
 @pytest.fixture
 def job_disk(tmp_path):
     """A 48 MiB tmpfs on tmp_path/data: room for a few checkpoints of the tiny model."""

@@ -104,7 +104,9 @@ int OpenConfined(const std::string& path, int flags, mode_t mode, bool write) {
 }
 
 std::string OpenError(std::string_view what, std::string_view verb, const std::string& path, int e, bool write) {
-  if (Confined() && (e == EPERM || e == EXDEV || e == ELOOP || e == EACCES)) {
+  // EACCES is the file's own mode or ACL refusing the worker's user, inside the roots: said as what it
+  // is ("Permission denied"), not as a way out of the roots.
+  if (Confined() && (e == EPERM || e == EXDEV || e == ELOOP)) {
     return absl::StrCat(Prefix(what), "not permitted: ", path, " is outside the directories this job may ",
                         write ? "write" : "read", ", or a symbolic link on its way leads out of them");
   }
