@@ -1,9 +1,10 @@
 // Atomic, resumable checkpoints (docs/checkpoint-format.md).
 //
 //   <root>/step-00000042/          a complete checkpoint (renamed into place last)
-//     model.safetensors, config.json   HF layout: transformers' from_pretrained loads the directory
+//     model.safetensors (+ its index), config.json, generation_config.json, the tokenizer files:
+//       a complete HF model directory (LlamaModel::hf_files()) that transformers loads
 //       (LoRA instead: adapter_model.safetensors, adapter_config.json in PEFT's format, and with
-//       `merged` a merged/ directory holding model.safetensors and config.json)
+//       `merged` a merged/ directory holding the merged model's weights and the same files)
 //     optimizer.safetensors            AdamW state under fixed names, and RNG states
 //     trainer_state.json               step, data cursor, shapes the cursor depends on
 //     MANIFEST.json                    written last: format, step, every file and its size

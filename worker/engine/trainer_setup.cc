@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "spec/peak_memory.h"
+#include "worker/data/dataset.h"
 
 namespace ftd::engine {
 
@@ -63,6 +64,29 @@ absl::StatusOr<LlamaConfig> ModelConfigFor(const TrainConfig& cfg, bool cuda) {
   return PresetLlamaConfig(cuda ? "llama-3.1-8b" : "tiny");
 }
 
+// Where the files beside a checkpoint's weights come from: the config ModelConfigFor read (none
+// for a preset), generation_config.json beside it, and the tokenizer the data uses (or the one in
+// model.weights_path).
+HfModelSources ModelFilesFor(const TrainConfig& cfg) {
+  HfModelSources src;
+  if (cfg.model.preset.empty() && !cfg.model.config_path.empty()) {
+    src.config_path = cfg.model.config_path;
+    src.config_field = "spec.model.config_path";
+  } else if (cfg.model.preset.empty() && !cfg.model.weights_path.empty()) {
+    src.config_path = cfg.model.weights_path;
+    src.config_field = "spec.model.weights_path";
+  }
+  if (!cfg.data.tokenizer_path.empty()) {
+    src.tokenizer_dir = cfg.data.tokenizer_path;
+    src.tokenizer_field = "spec.data.tokenizer_path";
+  } else if (!cfg.model.weights_path.empty()) {
+    src.tokenizer_dir = cfg.model.weights_path;
+    src.tokenizer_field = "spec.model.weights_path";
+  }
+  if (cfg.data.format == "chat") src.chat_template = data::kLlama3ChatTemplate;
+  return src;
+}
+
 }  // namespace
 
 bool TrainingRun::Setup() {
@@ -93,6 +117,11 @@ bool TrainingRun::Setup() {
   LlamaModel& model = *model_;
   model.SetKernels(kernels_, cfg_.kernel_tuning);
   model.SetActivationCheckpointing(cfg_.activation_checkpointing, cfg_.full_checkpoint_layers);
+  if (!cfg_.checkpoint.dir.empty()) {  // read once, written with every checkpoint
+    auto files = HfModelFiles::Read(ModelFilesFor(cfg_));
+    if (!files.ok()) return Fail(Outcome::kInvalidSpec, std::string(files.status().message()));
+    model.SetHfFiles(*std::move(files));
+  }
   if (!cfg_.model.weights_path.empty()) {
     ProgressMeter meter(hooks_.on_progress, ProgressPhase::kLoadWeights, 0);
     if (auto s = model.LoadWeights(cfg_.model.weights_path, &meter); !s.ok()) {
