@@ -47,7 +47,8 @@ namespace ftd::engine {
   X(std::optional<double>, eval_loss, "mean masked loss on the held-out rows, on eval steps")           \
   X(int64_t, ranks, "data-parallel ranks the step ran on (spec.gpus); tokens and tokens_per_s are theirs together") \
   X(double, comm_wait_s, "time the step waited for gradient reduction after backward (not overlapped)") \
-  X(uint64_t, max_rank_peak_mem_allocated_bytes, "the largest GPU peak of the job's ranks (0 on CPU)")
+  X(uint64_t, max_rank_peak_mem_allocated_bytes, "the largest GPU peak of the job's ranks (0 on CPU)")        \
+  X(double, eta_s, "seconds left: steps left x the step time's moving average over every step (0.2 on the newest)")
 
 // A metric as an optional: set ones are reported, unset optional ones are left out (null in JSON).
 template <typename T>

@@ -82,6 +82,9 @@ void TrainingRun::Report(double loss, double norm, double lr, double dt, int64_t
       m.gpu_utilization = sample.utilization;
       m.gpu_memory_used_bytes = sample.memory_used_bytes;
     }
+  // The one ETA (ftctl get and watch show it): the steps left at a moving average of the step time.
+  step_time_ewma_ = step_time_ewma_ < 0 ? dt : kEtaWeight * dt + (1 - kEtaWeight) * step_time_ewma_;
+  m.eta_s = static_cast<double>(std::max<int64_t>(0, cfg_.steps - state_.step)) * step_time_ewma_;
   }
   if (hooks_.on_step_done) hooks_.on_step_done(state_.step);
   if (lead() && hooks_.on_step && (state_.step % cfg_.log_every == 0 || state_.step == cfg_.steps || m.eval_loss)) {

@@ -128,3 +128,5 @@ class TrainingRun {
 };
 
 }  // namespace ftd::engine
+  double step_time_ewma_ = -1;               // s; every step's wall time, weight kEtaWeight on the newest
+  static constexpr double kEtaWeight = 0.2;
