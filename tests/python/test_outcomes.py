@@ -1,18 +1,23 @@
 """What a user is told about a job, against a real ftd with real ftd-worker processes: the held-out
-loss where people look (watch's text, the [ftd] step log lines, get and its result line), and one
-ETA that get and watch agree on. Every wait is bounded."""
+loss where people look (watch's text, the [ftd] step log lines, get and its result line), one ETA
+that get and watch agree on, and a finished spec run again saying it had nothing to train. Every wait
+is bounded."""
 import json
 import subprocess
 
 import numpy as np
 
-from ftdservice import FTCTL, TINY, ftctl, submit
+from ftdservice import FTCTL, TINY, ftctl, get, submit, wait_for
 from ftdtest import write_tokens
 
 
 def events_of(daemon, job):
     p = ftctl(daemon, "watch", job, "-o", "json", timeout=300)
     return [json.loads(l) for l in p.stdout.splitlines()]
+
+
+def wait_state(daemon, job, states, timeout=300):
+    return wait_for(lambda: get(daemon, job)["state"] in states and get(daemon, job), timeout, f"{job} to be {states}")
 
 
 def test_held_out_loss_shows_in_watch_logs_and_get(daemon, tmp_path):
@@ -74,3 +79,18 @@ def test_get_and_watch_show_the_workers_one_eta(daemon):
     for s in steps:
         ewma = s["step_time_s"] if ewma is None else 0.2 * s["step_time_s"] + 0.8 * ewma
         assert abs(s["eta_s"] - (s["total_steps"] - s["step"]) * ewma) <= 1e-9 * s["eta_s"], s
+
+
+def test_a_finished_spec_run_again_says_it_had_nothing_to_train(daemon, tmp_path):
+    ck = tmp_path / "ck"
+    spec = dict(TINY, steps=3, checkpoint={"dir": str(ck)})
+    first = submit(daemon, spec)
+    assert wait_state(daemon, first, ("SUCCEEDED", "FAILED"))["result"]["message"] == "trained 3 steps"
+    again = submit(daemon, spec)
+    j = wait_state(daemon, again, ("SUCCEEDED", "FAILED"))
+    assert j["state"] == "SUCCEEDED" and int(j["result"]["steps_done"]) == 3, j
+    assert j["result"]["message"].startswith(f"already at step 3 of 3 in {ck}/step-00000003; nothing to train"), j
+    assert "already at step 3 of 3" in ftctl(daemon, "get", again).stdout
+    more = submit(daemon, dict(spec, steps=5))
+    j = wait_state(daemon, more, ("SUCCEEDED", "FAILED"))
+    assert j["result"]["message"] == "trained 2 steps (4 to 5, resumed from step 3)", j

@@ -35,12 +35,25 @@ uint64_t GradBytes(const std::vector<torch::Tensor>& params) {
 
 RunSummary TrainingRun::Run() {
   if (!Setup()) return sum_;
+  const int64_t resumed_at = state_.step;  // 0 unless resumed from a checkpoint
   for (int64_t step = state_.step; step < cfg_.steps; ++step) {
     if (!Step(step)) return sum_;
   }
   if (!Checkpoint()) return sum_;
   sum_.outcome = Outcome::kSucceeded;
-  sum_.message = absl::StrCat("trained ", state_.step, " steps");
+  if (state_.step == resumed_at && resumed_at > 0) {
+    // The spec run again after it finished: say so, rather than count steps it did not run.
+    sum_.message = absl::StrCat(
+        "already at step ", state_.step,
+        state_.step == cfg_.steps ? absl::StrCat(" of ", cfg_.steps) : absl::StrCat(", past spec.steps ", cfg_.steps),
+        " in ", sum_.last_checkpoint,
+        "; nothing to train (raise spec.steps to train on, or give a new checkpoint.dir to train afresh)");
+  } else if (resumed_at > 0) {
+    sum_.message = absl::StrCat("trained ", state_.step - resumed_at, " steps (", resumed_at + 1, " to ", state_.step,
+                                ", resumed from step ", resumed_at, ")");
+  } else {
+    sum_.message = absl::StrCat("trained ", state_.step, " steps");
+  }
   return sum_;
 }
 
