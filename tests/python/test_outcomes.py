@@ -1,6 +1,7 @@
 """What a user is told about a job, against a real ftd with real ftd-worker processes: the held-out
 loss where people look (watch's text, the [ftd] step log lines, get and its result line), one ETA
-that get and watch agree on, and a finished spec run again saying it had nothing to train. Every wait
+that get and watch agree on, a finished spec run again saying it had nothing to train, and a resume
+refused for a changed batch being the spec's fault (INVALID_SPEC), not a worker error. Every wait
 is bounded."""
 import json
 import subprocess
@@ -94,3 +95,21 @@ def test_a_finished_spec_run_again_says_it_had_nothing_to_train(daemon, tmp_path
     more = submit(daemon, dict(spec, steps=5))
     j = wait_state(daemon, more, ("SUCCEEDED", "FAILED"))
     assert j["result"]["message"] == "trained 2 steps (4 to 5, resumed from step 3)", j
+
+
+def test_a_resume_refused_for_a_changed_batch_is_an_invalid_spec(daemon):
+    """The spec's fault: INVALID_SPEC naming the field, which the failing-jobs alert leaves alone
+    (deploy/prometheus/alerts.yml counts only the reasons that mean the service is unwell)."""
+    job = submit(daemon, dict(TINY, steps=400))
+    wait_for(lambda: int(get(daemon, job).get("last_step", {}).get("step", 0)) >= 2, 120, "two steps")
+    assert ftctl(daemon, "cancel", "--checkpoint", job).returncode == 0
+    wait_state(daemon, job, ("CANCELLED",))
+    p = ftctl(daemon, "resubmit", job, "--resume", "--set", "batch_size=2")
+    assert p.returncode == 0, p.stderr
+    j = wait_state(daemon, p.stdout.strip(), ("SUCCEEDED", "FAILED"))
+    assert j["state"] == "FAILED" and j["reason"] == "INVALID_SPEC", j
+    assert "spec.batch_size x spec.gpus (the batch of all ranks) is 2 but the checkpoint was written with 4" in \
+        j["message"], j
+    completions = daemon.metrics()
+    assert completions[("ftd_job_completions_total", (("outcome", "invalid_spec"), ("state", "failed")))] == 1
+    assert completions[("ftd_job_completions_total", (("outcome", "worker_error"), ("state", "failed")))] == 0

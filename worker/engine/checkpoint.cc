@@ -278,8 +278,9 @@ absl::Status LoadCheckpoint(const std::string& dir, TrainerState* st, LlamaModel
   } catch (const json::exception& e) {
     return absl::DataLossError(absl::StrCat(dir, "/trainer_state.json: ", e.what()));
   }
+  // The spec disagrees with the checkpoint: the spec's to fix (InvalidArgument: an invalid spec).
   auto mismatch = [&](const char* field, auto a, auto b) {
-    return absl::FailedPreconditionError(absl::StrCat("cannot resume from ", dir, ": spec.", field, " is ", b,
+    return absl::InvalidArgumentError(absl::StrCat("cannot resume from ", dir, ": spec.", field, " is ", b,
                                                       " but the checkpoint was written with ", a,
                                                       " (use the same value, or a new checkpoint.dir)"));
   };
@@ -293,7 +294,7 @@ absl::Status LoadCheckpoint(const std::string& dir, TrainerState* st, LlamaModel
   // A LoRA run resumes from adapters, a full fine-tuning run from a whole model: never the other.
   const bool has_adapter = fs::exists(fs::path(dir) / "adapter_model.safetensors");
   if (has_adapter != model->lora()) {
-    return absl::FailedPreconditionError(absl::StrCat(
+    return absl::InvalidArgumentError(absl::StrCat(
         "cannot resume from ", dir, ": it is a ", has_adapter ? "LoRA" : "full fine-tuning",
         " checkpoint and this run is ", model->lora() ? "LoRA" : "full fine-tuning",
         " (use a new checkpoint.dir, or set spec.lora as the checkpoint was written)"));

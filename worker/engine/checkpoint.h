@@ -59,8 +59,8 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const Traine
                                            std::function<bool()> abort = {}, const CheckpointRanks& ranks = {});
 // The newest complete checkpoint under root, or nullopt if there is none.
 absl::StatusOr<std::optional<std::string>> LatestCheckpoint(const std::string& root);
-// Loads a checkpoint written with the same data settings as `state` (refused otherwise, naming the
-// field). The optimizer state is looked up by name in every optimizer file of the checkpoint, so a
+// Loads a checkpoint written with the same data settings as `state` (refused otherwise with
+// InvalidArgument naming the field: the spec's to fix, as is a checkpoint of another kind or shape). The optimizer state is looked up by name in every optimizer file of the checkpoint, so a
 // sharded one loads into any number of ranks (re-sharding) and into an unsharded run. Reports kLoadCheckpoint progress through `progress` (may be empty).
 absl::Status LoadCheckpoint(const std::string& dir, TrainerState* state, LlamaModel* model, AdamW* opt,
                             const ProgressFn& progress = {});

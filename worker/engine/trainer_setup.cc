@@ -180,7 +180,9 @@ bool TrainingRun::Setup() {
     if (!latest.ok()) return Fail(Outcome::kFailed, std::string(latest.status().message()));
     if (latest->has_value()) {
       if (auto s = LoadCheckpoint(**latest, &state_, &model, &*opt_, hooks_.on_progress); !s.ok()) {
-        return Fail(Outcome::kFailed, std::string(s.message()));
+        // A spec that disagrees with the checkpoint (its batch, data, kind or shapes) is an invalid
+        // spec; an unreadable or corrupt checkpoint is a failure of the run.
+        return Fail(absl::IsInvalidArgument(s) ? Outcome::kInvalidSpec : Outcome::kFailed, std::string(s.message()));
       }
       model.WeightsChanged();
       sum_.last_checkpoint = **latest;
