@@ -6,12 +6,14 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "worker/engine/gpu_monitor.h"
 #include "worker/engine/progress.h"
 #include "worker/engine/spec_types.h"
 
@@ -121,6 +123,9 @@ struct RunHooks {
   // GPU runs: log the GPU time of each phase of every step (forward+backward, norm+clip, optimizer)
   // from CUDA events, which add no synchronisation (`ftd-worker run --phase-times`).
   bool phase_times = false;
+  // This rank's GPU monitor instead of NVML's for the run's device, also on a CPU rank (a test
+  // driver's fake: tests/fake_gpu_rank.cc). Empty: NVML on a GPU, none on a CPU.
+  std::function<std::unique_ptr<GpuMonitor>()> open_gpu_monitor;
 };
 
 // One process of a data-parallel job (spec.gpus > 1; docs/distributed.md).

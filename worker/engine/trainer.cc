@@ -175,7 +175,14 @@ bool TrainingRun::Step(int64_t step) {
     return Fail(Outcome::kNonFinite, absl::StrCat(what, "the update was skipped (lower optimizer.lr or use grad_clip)"));
   }
   if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
-  if (world_ > 1) ShareRankStats();
+  // The GPUs' energy counters at the step's end: this rank's, and with several ranks all of theirs.
+  const GpuMonitor::Sample own_gpu = gpu_->available() ? gpu_->Read() : GpuMonitor::Sample{};
+  job_gpu_t_ = NowS();
+  if (world_ > 1) {
+    ShareRankStats(own_gpu);
+  } else {
+    job_gpu_ = own_gpu;
+  }
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (phase_times_) {
     Log(absl::StrFormat("phases step %d: forward+backward %.2f ms, norm+clip %.2f ms, optimizer %.2f ms, wall %.2f ms",

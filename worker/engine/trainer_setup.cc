@@ -209,14 +209,23 @@ bool TrainingRun::Setup() {
 
   phase_times_ = device_.is_cuda() && hooks_.phase_times;
   for (int i = 0; phase_times_ && i < 4; ++i) events_.emplace_back(cudaEventDefault);
-  if (device_.is_cuda()) {
+  if (hooks_.open_gpu_monitor) {
+    gpu_ = hooks_.open_gpu_monitor();
+  } else if (device_.is_cuda()) {
     const auto* props = at::cuda::getDeviceProperties(device_.index());
     gpu_ = GpuMonitor::Open(absl::StrFormat("%04x:%02x:%02x.0", props->pciDomainID, props->pciBusID, props->pciDeviceID));
   } else {
     gpu_ = GpuMonitor::Unavailable("a CPU run");
   }
   if (!gpu_->available()) Log(absl::StrCat("GPU power and energy unavailable: ", gpu_->reason()));
-  if (gpu_->available()) energy_.Start(NowS(), gpu_->Read().energy_j, state_.tokens_total, state_.step);
+  // Power, energy and J/token are the job's: with several ranks every rank's GPU counts, and they
+  // are reported only when every one of them can be read.
+  if (const auto job = ReadJobGpus(); job.ok) {
+    energy_.Start(NowS(), job.energy_j, state_.tokens_total, state_.step);
+    energy_started_ = true;
+  } else if (world_ > 1 && gpu_->available()) {
+    Log("GPU power and energy unavailable: another rank's GPU cannot be read");
+  }
   if (world_ > 1) {
     Log(absl::StrFormat("data parallel: rank %d of %d on %s through %s, %d gradient buckets%s", rank_.rank, world_,
                         device_.str(), ranks_->backend_name(), reducer_->num_buckets(),
