@@ -14,25 +14,24 @@ int Follow(JobClient& client, const std::string& id, FollowOutput output) {
   bool reconnecting = false;
   const bool live = isatty(STDOUT_FILENO) != 0;  // not a terminal (a file, a pipe): one line per event
   bool live_line = false;
-  StepTimeEwma step_time;
   auto st = client.Watch(
       id, 0,
       [&](const ftd::v1::JobEvent& e) {
         if (e.has_state()) final_state = e.state().state();
-        if (e.has_step()) step_time.Add(e.step());
         if (output == FollowOutput::kNone) return;
         if (output == FollowOutput::kJson) {
           std::cout << ToJson(e, false) << std::endl;
-        } else if (live && e.has_step()) {
+        } else if (live && e.has_step() && !e.step().has_eval_loss()) {
           // On a terminal the step line is one live line, rewritten in place: it must fit the width,
-          // as a wrapped line would leave its first part behind at each rewrite.
-          std::cout << "\r\x1b[K" << LiveStepLine(e.step(), step_time.seconds(), TerminalColumns(STDOUT_FILENO))
-                    << std::flush;
+          // as a wrapped line would leave its first part behind at each rewrite. A step with a
+          // held-out loss stays, as a line of its own.
+          std::cout << "\r\x1b[K" << LiveStepLine(e.step(), TerminalColumns(STDOUT_FILENO)) << std::flush;
           live_line = true;
         } else {
-          if (live_line) std::cout << "\n";
+          // The live line stays above other events; a step with a held-out loss takes its place.
+          if (live_line) std::cout << (e.has_step() ? "\r\x1b[K" : "\n");
           live_line = false;
-          std::cout << EventLine(e, step_time.seconds()) << std::endl;
+          std::cout << EventLine(e) << std::endl;
         }
       },
       [&](ConnectionEvent c, const std::string& why) {

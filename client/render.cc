@@ -149,8 +149,7 @@ std::string JobText(const Job& j, int64_t now_unix_ms) {
     kv.emplace_back("last step", EventLine(e));
   }
   if (j.has_result() && j.result().outcome() != ftd::v1::RunResult::OUTCOME_UNSPECIFIED) {
-    kv.emplace_back("result", absl::StrCat(ftd::v1::RunResult::Outcome_Name(j.result().outcome()), ": ",
-                                           j.result().message()));
+    kv.emplace_back("result", ResultText(j.result()));
     if (!j.result().last_checkpoint().empty()) kv.emplace_back("checkpoint", j.result().last_checkpoint());
   }
   if (!j.request_id().empty()) kv.emplace_back("request id", j.request_id());

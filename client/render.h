@@ -39,29 +39,20 @@ std::string PhaseText(const ftd::v1::JobPhase& p);
 // "key: value" lines describing one job (its duration as of `now_unix_ms`); another user's job (its
 // public row) ends with a line saying who may see the rest.
 std::string JobText(const ftd::v1::Job& job, int64_t now_unix_ms);
-// One line per event: state changes, steps (step/total, loss, tokens/s, memory, ETA), logs, result.
-// The ETA uses `smoothed_step_time_s` when > 0 (see StepTimeEwma), else the step's own time.
-std::string EventLine(const ftd::v1::JobEvent& e, double smoothed_step_time_s = -1);
+// One line per event: state changes, steps (step/total, loss, the held-out loss where measured,
+// ETA, tokens/s, memory, ...), logs, the result (with the final held-out loss).
+std::string EventLine(const ftd::v1::JobEvent& e);
+// A run's result as text: "SUCCEEDED: trained 30 steps; final_eval_loss 1.2345" (the held-out loss
+// when the run had held-out data).
+std::string ResultText(const ftd::v1::RunResult& r);
+// The seconds left after a step report: the worker's ETA (StepReport.eta_s, computed once, where
+// every reader shows the same), or for a report without one the steps left at that step's time.
+double StepEtaSeconds(const ftd::v1::StepReport& s);
 
-// The step time behind an ETA: an exponentially weighted moving average over the step reports, so
-// that one slow step (a checkpoint, an evaluation) does not swing the estimate. A report seen again
-// (a watch resumed) is not counted twice.
-class StepTimeEwma {
- public:
-  explicit StepTimeEwma(double alpha = 0.2) : alpha_(alpha) {}
-  void Add(const ftd::v1::StepReport& s);
-  double seconds() const { return value_; }  // < 0 before the first report
-
- private:
-  double alpha_;
-  double value_ = -1;
-  int64_t last_step_ = 0;
-};
-
-// The step line for a terminal `width` columns wide: step, loss, ETA, tokens/s, memory, then the
-// rest, each field whole while it fits; shorter than `width` (a full last column would wrap on some
-// terminals), cut if even the first field does not fit.
-std::string LiveStepLine(const ftd::v1::StepReport& s, double smoothed_step_time_s, int width);
+// The step line for a terminal `width` columns wide: step, loss, (eval_loss,) ETA, tokens/s, memory,
+// then the rest, each field whole while it fits; shorter than `width` (a full last column would wrap
+// on some terminals), cut if even the first field does not fit.
+std::string LiveStepLine(const ftd::v1::StepReport& s, int width);
 
 // Columns of the terminal on `fd` (TIOCGWINSZ), else $COLUMNS, else 80.
 int TerminalColumns(int fd);

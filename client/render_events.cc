@@ -1,6 +1,5 @@
-// One line per watched event (render.h): a step's fields, most important first, with its ETA from
-// the smoothed step time; the live step line fitted to the terminal's width; log lines, state
-// changes and results.
+// One line per watched event (render.h): a step's fields, most important first, with the worker's
+// ETA; the live step line fitted to the terminal's width; log lines, state changes and results.
 #include "client/render.h"
 
 #include <sys/ioctl.h>
@@ -16,19 +15,20 @@ namespace ftd::client {
 
 using ftd::v1::JobEvent;
 
-namespace {
-
-double EtaSeconds(const ftd::v1::StepReport& s, double smoothed_step_time_s) {
-  const double per_step = smoothed_step_time_s > 0 ? smoothed_step_time_s : s.step_time_s();
-  return static_cast<double>(std::max<int64_t>(0, s.total_steps() - s.step())) * per_step;
+double StepEtaSeconds(const ftd::v1::StepReport& s) {
+  if (s.has_eta_s()) return s.eta_s();
+  return static_cast<double>(std::max<int64_t>(0, s.total_steps() - s.step())) * s.step_time_s();
 }
 
+namespace {
+
 // The fields of a step line, most important first.
-std::vector<std::string> StepFields(const ftd::v1::StepReport& s, double smoothed_step_time_s) {
+std::vector<std::string> StepFields(const ftd::v1::StepReport& s) {
   std::vector<std::string> f = {absl::StrFormat("step %d/%d", s.step(), s.total_steps()),
-                                absl::StrFormat("loss %.4f", s.loss()),
-                                absl::StrCat("eta ", FormatDuration(EtaSeconds(s, smoothed_step_time_s))),
-                                absl::StrFormat("%.0f tokens/s", s.tokens_per_s())};
+                                absl::StrFormat("loss %.4f", s.loss())};
+  if (s.has_eval_loss()) f.push_back(absl::StrFormat("eval_loss %.4f", s.eval_loss()));
+  f.push_back(absl::StrCat("eta ", FormatDuration(StepEtaSeconds(s))));
+  f.push_back(absl::StrFormat("%.0f tokens/s", s.tokens_per_s()));
   if (s.peak_mem_allocated_bytes() > 0) {
     f.push_back(absl::StrCat("gpu ", FormatBytes(s.peak_mem_allocated_bytes()), " / ",
                              FormatBytes(s.peak_mem_reserved_bytes()), " reserved"));
@@ -44,16 +44,10 @@ std::vector<std::string> StepFields(const ftd::v1::StepReport& s, double smoothe
 
 }  // namespace
 
-void StepTimeEwma::Add(const ftd::v1::StepReport& s) {
-  if (s.step() <= last_step_ || !(s.step_time_s() > 0) || !std::isfinite(s.step_time_s())) return;
-  last_step_ = s.step();
-  value_ = value_ < 0 ? s.step_time_s() : alpha_ * s.step_time_s() + (1 - alpha_) * value_;
-}
-
-std::string LiveStepLine(const ftd::v1::StepReport& s, double smoothed_step_time_s, int width) {
+std::string LiveStepLine(const ftd::v1::StepReport& s, int width) {
   const size_t max = static_cast<size_t>(std::max(width, 2) - 1);
   std::string line;
-  for (const auto& field : StepFields(s, smoothed_step_time_s)) {
+  for (const auto& field : StepFields(s)) {
     const size_t add = (line.empty() ? 0 : 2) + field.size();
     if (line.size() + add > max) {
       if (line.empty()) line = field.substr(0, max);
@@ -75,12 +69,19 @@ int TerminalColumns(int fd) {
   return 80;
 }
 
+std::string ResultText(const ftd::v1::RunResult& r) {
+  std::string out = ftd::v1::RunResult::Outcome_Name(r.outcome());
+  if (!r.message().empty()) absl::StrAppend(&out, ": ", r.message());
+  if (r.has_final_eval_loss()) absl::StrAppendFormat(&out, "; final_eval_loss %.4f", r.final_eval_loss());
+  return out;
+}
+
 namespace {
 
 // The event as text, before Shown (render.h) escapes what came from the job.
-std::string EventText(const JobEvent& e, double smoothed_step_time_s) {
+std::string EventText(const JobEvent& e) {
   const std::string when = FormatTimeUtc(e.unix_ms());
-  if (e.has_step()) return absl::StrJoin(StepFields(e.step(), smoothed_step_time_s), "  ");
+  if (e.has_step()) return absl::StrJoin(StepFields(e.step()), "  ");
   if (e.has_state()) {
     const auto& j = e.state();
     return absl::StrCat(when, "  ", ftd::v1::JobState_Name(j.state()), "  ", j.reason(),
@@ -92,17 +93,12 @@ std::string EventText(const JobEvent& e, double smoothed_step_time_s) {
                            e.profile().ops_size(), e.profile().step_device_ms(), e.profile().device() == "cpu" ? "CPU" : "device",
                            FormatBytes(static_cast<uint64_t>(e.profile().trace_bytes())));
   }
-  if (e.has_result()) {
-    return absl::StrCat(when, "  result: ", ftd::v1::RunResult::Outcome_Name(e.result().outcome()),
-                        e.result().message().empty() ? "" : absl::StrCat(": ", e.result().message()));
-  }
+  if (e.has_result()) return absl::StrCat(when, "  result: ", ResultText(e.result()));
   return absl::StrCat(when, "  (unknown event ", e.seq(), ")");
 }
 
 }  // namespace
 
-std::string EventLine(const JobEvent& e, double smoothed_step_time_s) {
-  return Shown(EventText(e, smoothed_step_time_s));
-}
+std::string EventLine(const JobEvent& e) { return Shown(EventText(e)); }
 
 }  // namespace ftd::client

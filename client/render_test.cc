@@ -59,54 +59,74 @@ ftd::v1::StepReport WideStep() {
 TEST(Render, LiveLineFitsTheTerminalKeepingTheMostImportantFields) {
   const auto s = WideStep();
   for (int width : {200, 120, 80, 60, 40, 30, 20, 10, 2}) {
-    const std::string line = LiveStepLine(s, -1, width);
+    const std::string line = LiveStepLine(s, width);
     EXPECT_LT(line.size(), static_cast<size_t>(width)) << width << ": " << line;
     EXPECT_EQ(line.find('\n'), std::string::npos);
   }
-  const std::string wide = LiveStepLine(s, -1, 200);
+  const std::string wide = LiveStepLine(s, 200);
   EXPECT_EQ(wide, EventLine([&] {
               ftd::v1::JobEvent e;
               *e.mutable_step() = s;
               return e;
             }()));
   EXPECT_NE(wide.find("650 W"), std::string::npos) << wide;
-  const std::string line80 = LiveStepLine(s, -1, 80);
+  const std::string line80 = LiveStepLine(s, 80);
   EXPECT_EQ(line80.rfind("step 10/30  loss 2.5000  eta 30s  8192 tokens/s", 0), 0u) << line80;
   EXPECT_EQ(line80.find("650 W"), std::string::npos) << "the least important field goes first: " << line80;
-  EXPECT_EQ(LiveStepLine(s, -1, 40), "step 10/30  loss 2.5000  eta 30s");
-  EXPECT_EQ(LiveStepLine(s, -1, 8), "step 10");  // not even the first field fits: cut
+  EXPECT_EQ(LiveStepLine(s, 40), "step 10/30  loss 2.5000  eta 30s");
+  EXPECT_EQ(LiveStepLine(s, 8), "step 10");  // not even the first field fits: cut
 }
 
-TEST(Render, EtaUsesTheSmoothedStepTime) {
-  StepTimeEwma ewma(0.5);
-  EXPECT_LT(ewma.seconds(), 0);
-  ftd::v1::StepReport s;
-  s.set_total_steps(100);
-  s.set_step(1);
-  s.set_step_time_s(1.0);
-  ewma.Add(s);
-  EXPECT_DOUBLE_EQ(ewma.seconds(), 1.0);
-  s.set_step(2);
-  s.set_step_time_s(9.0);  // one slow step (a checkpoint)
-  ewma.Add(s);
-  EXPECT_DOUBLE_EQ(ewma.seconds(), 5.0);
-  ewma.Add(s);  // the same report again (a watch resumed): not counted twice
-  EXPECT_DOUBLE_EQ(ewma.seconds(), 5.0);
-  s.set_step(3);
-  s.set_step_time_s(1.0);
-  ewma.Add(s);
-  EXPECT_DOUBLE_EQ(ewma.seconds(), 3.0);
-  s.set_step(4);
-  s.set_step_time_s(0);  // no time measured: ignored
-  ewma.Add(s);
-  EXPECT_DOUBLE_EQ(ewma.seconds(), 3.0);
-  // 96 steps left: 96 x 3 s with the average, 96 x 1 s with the last step's time alone.
-  s.set_step_time_s(1.0);
-  EXPECT_NE(LiveStepLine(s, ewma.seconds(), 200).find("eta 4m48s"), std::string::npos) << LiveStepLine(s, ewma.seconds(), 200);
+// The worker computes the ETA once (StepReport.eta_s: the steps left at its moving average of every
+// step's time); watch's lines and get's "last step" show that one, however many reports each saw.
+TEST(Render, GetAndWatchShowTheWorkersOneEta) {
+  std::vector<ftd::v1::JobEvent> events;  // what a watch shows, in order
+  for (int step = 1; step <= 4; ++step) {
+    ftd::v1::JobEvent e;
+    auto* s = e.mutable_step();
+    s->set_step(step);
+    s->set_total_steps(100);
+    s->set_step_time_s(step == 3 ? 9.0 : 1.0);  // one slow step (a checkpoint, an evaluation)
+    s->set_eta_s(164.4 - step);                 // the worker's figure, whatever it is
+    events.push_back(e);
+  }
+  ftd::v1::Job job;  // what get shows: the last report only
+  *job.mutable_last_step() = events.back().step();
+  std::string watched;
+  for (const auto& e : events) watched = EventLine(e);
+  EXPECT_NE(watched.find("eta 2m40s"), std::string::npos) << watched;  // 160.4 s
+  EXPECT_NE(LiveStepLine(events.back().step(), 200).find("eta 2m40s"), std::string::npos);
+  EXPECT_NE(JobText(job, 0).find("last step:      " + watched + "\n"), std::string::npos) << JobText(job, 0);
+  // A report from a worker without the field: the steps left at that step's time.
+  ftd::v1::StepReport old = events.back().step();
+  old.clear_eta_s();
+  EXPECT_DOUBLE_EQ(StepEtaSeconds(old), 96.0);
+}
+
+// The held-out loss where it was measured: on the watch's step line (after the loss, kept on a
+// narrow terminal before the rest), on get's last step, and the final one on the result line.
+TEST(Render, HeldOutLossOnStepAndResultLines) {
   ftd::v1::JobEvent e;
-  *e.mutable_step() = s;
-  EXPECT_NE(EventLine(e, ewma.seconds()).find("eta 4m48s"), std::string::npos);
-  EXPECT_NE(EventLine(e).find("eta 1m36s"), std::string::npos);
+  *e.mutable_step() = WideStep();
+  EXPECT_EQ(EventLine(e).find("eval_loss"), std::string::npos) << "not measured at this step";
+  e.mutable_step()->set_eval_loss(2.71828);
+  EXPECT_EQ(EventLine(e).rfind("step 10/30  loss 2.5000  eval_loss 2.7183  eta ", 0), 0u) << EventLine(e);
+  EXPECT_EQ(LiveStepLine(e.step(), 60).rfind("step 10/30  loss 2.5000  eval_loss 2.7183", 0), 0u);
+  ftd::v1::Job j;
+  j.set_state(ftd::v1::SUCCEEDED);
+  *j.mutable_last_step() = e.step();
+  auto* r = j.mutable_result();
+  r->set_outcome(ftd::v1::RunResult::SUCCEEDED);
+  r->set_message("trained 30 steps");
+  EXPECT_NE(JobText(j, 0).find("result:         SUCCEEDED: trained 30 steps\n"), std::string::npos) << JobText(j, 0);
+  r->set_final_eval_loss(2.5);
+  const std::string get = JobText(j, 0);
+  EXPECT_NE(get.find("result:         SUCCEEDED: trained 30 steps; final_eval_loss 2.5000\n"), std::string::npos) << get;
+  EXPECT_NE(get.find("eval_loss 2.7183"), std::string::npos) << get;  // the last step's
+  ftd::v1::JobEvent result;
+  *result.mutable_result() = *r;
+  EXPECT_NE(EventLine(result).find("result: SUCCEEDED: trained 30 steps; final_eval_loss 2.5000"), std::string::npos)
+      << EventLine(result);
 }
 
 TEST(Render, TerminalColumnsFallsBackToColumnsThen80) {

@@ -1,8 +1,10 @@
 // How a job attempt ended, decided in one place. Two tables:
 //
 //  - kReasons: every reason code a finished attempt can leave on a job (Job.reason), the state it
-//    gives the job when it is final, and whether it is retried. docs/api.md's table, the metrics'
-//    outcome and retry label sets (metrics.cc) and the manager's retry decision all come from it.
+//    gives the job when it is final, whether it is retried, and whether it means the service is
+//    unwell. docs/api.md's table, the metrics' outcome and retry label sets (metrics.cc), the
+//    failing-jobs alerts' outcomes (deploy/prometheus/alerts.yml) and the manager's retry decision
+//    all come from it (exit_classification_test checks the documents).
 //  - kExitRules: from (what the daemon had asked of the worker, what the worker reported, how its
 //    process ended) to a reason; the first matching row wins.
 //
@@ -46,31 +48,37 @@ enum class Retry {
   kFreeAfterBackoff,  // requeued with backoff, not counted as an attempt: the daemon's failure, not the job's
 };
 
+// Whose doing a failure is: the job's own (its spec, its size, its numbers: the user fixes it) or
+// the service's (a worker that crashed, hung or could not start: the operator looks).
+enum class Fault { kNone, kJob, kService };
+
 struct ReasonInfo {
   Reason reason;
   std::string_view code;          // Job.reason; lower-cased, the metrics' outcome/reason label
   ftd::v1::JobState final_state;  // the job's state when this reason ends it (QUEUED: never ends it)
   Retry retry;
+  Fault fault;  // kService: the failing-jobs alerts count it (FtdJobsFailing, FtdJobFailureRatioHigh)
 };
 
 inline constexpr ReasonInfo kReasons[] = {
-    {Reason::kSucceeded, "SUCCEEDED", ftd::v1::SUCCEEDED, Retry::kNever},
-    {Reason::kCancelled, "CANCELLED", ftd::v1::CANCELLED, Retry::kNever},
-    {Reason::kInvalidSpec, "INVALID_SPEC", ftd::v1::FAILED, Retry::kNever},
-    {Reason::kGpuOutOfMemory, "GPU_OUT_OF_MEMORY", ftd::v1::FAILED, Retry::kNever},
-    {Reason::kHostOutOfMemory, "HOST_OUT_OF_MEMORY", ftd::v1::FAILED, Retry::kNever},
-    {Reason::kNonFinite, "NON_FINITE", ftd::v1::FAILED, Retry::kNever},
-    {Reason::kWorkerError, "WORKER_ERROR", ftd::v1::FAILED, Retry::kNever},
-    {Reason::kKilledBySignal, "KILLED_BY_SIGNAL", ftd::v1::FAILED, Retry::kWhileAttemptsLeft},
-    {Reason::kWorkerExit, "WORKER_EXIT", ftd::v1::FAILED, Retry::kWhileAttemptsLeft},
-    {Reason::kLostHeartbeat, "LOST_HEARTBEAT", ftd::v1::FAILED, Retry::kWhileAttemptsLeft},
+    {Reason::kSucceeded, "SUCCEEDED", ftd::v1::SUCCEEDED, Retry::kNever, Fault::kNone},
+    {Reason::kCancelled, "CANCELLED", ftd::v1::CANCELLED, Retry::kNever, Fault::kNone},
+    {Reason::kInvalidSpec, "INVALID_SPEC", ftd::v1::FAILED, Retry::kNever, Fault::kJob},
+    // Too large for the GPU or the worker's memory limit (FtdGpuOutOfMemory has the GPU's).
+    {Reason::kGpuOutOfMemory, "GPU_OUT_OF_MEMORY", ftd::v1::FAILED, Retry::kNever, Fault::kJob},
+    {Reason::kHostOutOfMemory, "HOST_OUT_OF_MEMORY", ftd::v1::FAILED, Retry::kNever, Fault::kJob},
+    {Reason::kNonFinite, "NON_FINITE", ftd::v1::FAILED, Retry::kNever, Fault::kJob},
+    {Reason::kWorkerError, "WORKER_ERROR", ftd::v1::FAILED, Retry::kNever, Fault::kService},
+    {Reason::kKilledBySignal, "KILLED_BY_SIGNAL", ftd::v1::FAILED, Retry::kWhileAttemptsLeft, Fault::kService},
+    {Reason::kWorkerExit, "WORKER_EXIT", ftd::v1::FAILED, Retry::kWhileAttemptsLeft, Fault::kService},
+    {Reason::kLostHeartbeat, "LOST_HEARTBEAT", ftd::v1::FAILED, Retry::kWhileAttemptsLeft, Fault::kService},
     // A stuck training thread (blocked in a read, a hung collective) most likely hangs again: final.
-    {Reason::kNoProgress, "NO_PROGRESS", ftd::v1::FAILED, Retry::kNever},
-    {Reason::kSpawnFailed, "SPAWN_FAILED", ftd::v1::FAILED, Retry::kWhileAttemptsLeft},
+    {Reason::kNoProgress, "NO_PROGRESS", ftd::v1::FAILED, Retry::kNever, Fault::kService},
+    {Reason::kSpawnFailed, "SPAWN_FAILED", ftd::v1::FAILED, Retry::kWhileAttemptsLeft, Fault::kService},
     // ftd ran out of descriptors or memory for a pipe or a process: nothing the job did.
-    {Reason::kDaemonShort, "DAEMON_SHORT_OF_RESOURCES", ftd::v1::QUEUED, Retry::kFreeAfterBackoff},
-    {Reason::kDaemonRestart, "DAEMON_RESTART", ftd::v1::FAILED, Retry::kWhileAttemptsLeft},
-    {Reason::kDaemonShutdown, "DAEMON_SHUTDOWN", ftd::v1::QUEUED, Retry::kFree},
+    {Reason::kDaemonShort, "DAEMON_SHORT_OF_RESOURCES", ftd::v1::QUEUED, Retry::kFreeAfterBackoff, Fault::kNone},
+    {Reason::kDaemonRestart, "DAEMON_RESTART", ftd::v1::FAILED, Retry::kWhileAttemptsLeft, Fault::kService},
+    {Reason::kDaemonShutdown, "DAEMON_SHUTDOWN", ftd::v1::QUEUED, Retry::kFree, Fault::kNone},
 };
 
 const ReasonInfo& Info(Reason r);

@@ -223,5 +223,45 @@ TEST(ExitClassification, TheApiDocumentListsEveryReason) {
   }
 }
 
+// The failing-jobs alerts count exactly the reasons whose fault is the service's: a user's invalid
+// spec, diverging run or too large a job alerts no operator. Each of their outcome matchers in
+// deploy/prometheus/alerts.yml lists those reasons (the rules' behaviour: alerts_test.yml).
+TEST(ExitClassification, TheFailingJobsAlertsCountTheServicesFaultsOnly) {
+  std::ifstream in(std::string(FTD_SOURCE_DIR) + "/deploy/prometheus/alerts.yml");
+  ASSERT_TRUE(in) << "deploy/prometheus/alerts.yml";
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string rules = ss.str();
+  std::set<std::string> service;
+  for (const auto& r : kReasons) {
+    std::string code(r.code);
+    for (auto& c : code) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (r.fault == Fault::kService) service.insert(code);
+    if (r.fault != Fault::kNone) {
+      EXPECT_EQ(r.final_state, ftd::v1::FAILED) << code;
+    }
+  }
+  EXPECT_TRUE(service.count("worker_error") && !service.count("invalid_spec") && !service.count("non_finite"));
+  for (const std::string alert : {"FtdJobsFailing", "FtdJobFailureRatioHigh"}) {
+    const size_t begin = rules.find("- alert: " + alert + "\n");
+    ASSERT_NE(begin, std::string::npos) << alert;
+    const std::string block = rules.substr(begin, rules.find("- alert:", begin + 1) - begin);
+    const std::regex matcher(R"re(state="failed"([^}]*)\})re");
+    int failed_selectors = 0;
+    for (auto it = std::sregex_iterator(block.begin(), block.end(), matcher); it != std::sregex_iterator(); ++it) {
+      ++failed_selectors;
+      std::smatch outcome;
+      const std::string labels = (*it)[1];
+      ASSERT_TRUE(std::regex_search(labels, outcome, std::regex(R"re(outcome=~"([a-z_|]+)")re")))
+          << alert << ": a selector of failed jobs without an outcome=~ matcher: " << labels;
+      std::set<std::string> listed;
+      std::stringstream codes(outcome[1]);
+      for (std::string code; std::getline(codes, code, '|');) listed.insert(code);
+      EXPECT_EQ(listed, service) << alert;
+    }
+    EXPECT_GE(failed_selectors, 2) << alert;
+  }
+}
+
 }  // namespace
 }  // namespace ftd::server

@@ -216,8 +216,10 @@ int64_t RemovePartialCheckpoints(const std::string& dir, const std::string& rel)
 std::string StepLine(const ftd::v1::StepReport& s) {
   std::string line = absl::StrFormat("[ftd] step %d", s.step());
   if (s.total_steps() > 0) absl::StrAppend(&line, "/", s.total_steps());
-  absl::StrAppend(&line, absl::StrFormat(" loss %.4f lr %.3g grad_norm %.3g %.0f tok/s %.3fs/step", s.loss(), s.lr(),
-                                         s.grad_norm(), s.tokens_per_s(), s.step_time_s()));
+  absl::StrAppend(&line, absl::StrFormat(" loss %.4f", s.loss()));
+  if (s.has_eval_loss()) absl::StrAppend(&line, absl::StrFormat(" eval_loss %.4f", s.eval_loss()));  // measured here
+  absl::StrAppend(&line, absl::StrFormat(" lr %.3g grad_norm %.3g %.0f tok/s %.3fs/step", s.lr(), s.grad_norm(),
+                                         s.tokens_per_s(), s.step_time_s()));
   return line;
 }
 

@@ -54,7 +54,8 @@ absl::Status ChownTree(const std::string& dir, uid_t uid, gid_t gid);
 // beneath `dir`, resolved as OpenDirBeneath does: nothing is removed through a link.
 int64_t RemovePartialCheckpoints(const std::string& dir, const std::string& rel = "");
 
-// One line of a job's log for a step report: "[ftd] step 10/100 loss 2.3456 lr 1e-04 1234 tok/s".
+// One line of a job's log for a step report: "[ftd] step 10/100 loss 2.3456 lr 1e-04 1234 tok/s", with
+// "eval_loss 2.5" after the loss on the steps where the held-out loss was measured.
 std::string StepLine(const ftd::v1::StepReport& step);
 // What a job's log and events say once a checkpoint write has a predicted end: "writing the
 // checkpoint after step 4: 12.0 of 48.0 GiB, about 25s left".

@@ -189,6 +189,8 @@ TEST(StepLine, SaysTheStepAndItsNumbers) {
   s.set_tokens_per_s(1234.4);
   s.set_step_time_s(0.25);
   EXPECT_EQ(StepLine(s), "[ftd] step 10/100 loss 2.3457 lr 0.0001 grad_norm 0.5 1234 tok/s 0.250s/step");
+  s.set_eval_loss(2.71828);  // a step where the held-out loss was measured
+  EXPECT_EQ(StepLine(s), "[ftd] step 10/100 loss 2.3457 eval_loss 2.7183 lr 0.0001 grad_norm 0.5 1234 tok/s 0.250s/step");
 }
 
 }  // namespace

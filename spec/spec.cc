@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "spec/message_check.h"
+#include "spec/proto_json.h"
 
 namespace ftd::spec {
 
@@ -60,12 +61,7 @@ absl::StatusOr<ftd::v1::TrainSpec> ParseTrainSpecJson(const std::string& json) {
 }
 
 std::string TrainSpecToJson(const ftd::v1::TrainSpec& spec) {
-  std::string out;
-  google::protobuf::util::JsonPrintOptions opts;
-  opts.add_whitespace = true;
-  opts.preserve_proto_field_names = true;
-  (void)google::protobuf::util::MessageToJsonString(spec, &out, opts);
-  return out;
+  return MessageToJsonValue(spec, /*every_field=*/false).dump(2);  // numbers as numbers: "steps": 300
 }
 
 absl::Status ApplySetOverride(const std::string& assignment, ftd::v1::TrainSpec* spec) {

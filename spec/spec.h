@@ -12,6 +12,7 @@ namespace ftd::spec {
 
 // Parses a TrainSpec from JSON; unknown fields and type errors are INVALID_ARGUMENT naming them.
 absl::StatusOr<ftd::v1::TrainSpec> ParseTrainSpecJson(const std::string& json);
+// The set fields as JSON (.proto names, 64-bit integers as numbers), which ParseTrainSpecJson reads back.
 std::string TrainSpecToJson(const ftd::v1::TrainSpec& spec);
 // Applies one command-line override "a.b=value" (a dotted field path in the JSON mapping, a JSON
 // value or a bare string) through the JSON mapping, so it is checked like a spec file.

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
 #include "spec/spec.h"
 
 namespace ftd::spec {
@@ -177,6 +178,29 @@ TEST(Spec, DefaultSpecsAreValidAndRoundTrip) {
     ASSERT_TRUE(again.ok()) << again.status();
     EXPECT_EQ(again->SerializeAsString(), spec.SerializeAsString());
   }
+}
+
+// The spec as JSON gives numbers as numbers, 64-bit ones included, as ftctl get --spec does and
+// docs/job-spec.md's examples are written (proto3 JSON itself would give "steps": "300").
+TEST(Spec, SpecJsonHasNumbersNotStrings) {
+  for (bool gpu : {false, true}) {
+    const auto j = nlohmann::json::parse(TrainSpecToJson(DefaultTrainSpec(gpu)));
+    ASSERT_TRUE(j.contains("steps") && j.contains("seq_len")) << j.dump();
+    EXPECT_TRUE(j["steps"].is_number_integer()) << j["steps"];
+    EXPECT_EQ(j["steps"].get<int64_t>(), DefaultTrainSpec(gpu).steps());
+    EXPECT_TRUE(j["seq_len"].is_number_integer()) << j["seq_len"];
+  }
+  ftd::v1::TrainSpec s;
+  s.set_seed(18446744073709551615ull);  // uint64's largest
+  s.mutable_data()->set_eval_every_steps(-1);
+  s.mutable_checkpoint()->set_every_steps(int64_t{1} << 53 | 1);  // beyond a double's integers
+  const auto j = nlohmann::json::parse(TrainSpecToJson(s));
+  EXPECT_TRUE(j["seed"].is_number_unsigned() && j["seed"].get<uint64_t>() == s.seed()) << j.dump();
+  EXPECT_EQ(j["data"]["eval_every_steps"].get<int64_t>(), -1);
+  EXPECT_EQ(j["checkpoint"]["every_steps"].get<int64_t>(), s.checkpoint().every_steps());
+  auto again = ParseTrainSpecJson(TrainSpecToJson(s));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->SerializeAsString(), s.SerializeAsString());
 }
 
 TEST(Spec, LoraIsOnWhenPresentEvenEmpty) {

@@ -19,8 +19,6 @@
 #include <optional>
 #include <sstream>
 
-#include <google/protobuf/util/json_util.h>
-
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
@@ -28,6 +26,7 @@
 #include "worker/engine/token_data.h"
 #include "worker/agent.h"
 #include "spec/profile_table.h"
+#include "spec/proto_json.h"
 #include "spec/spec.h"
 #include "worker/data/tokenize_cli.h"
 #include "worker/reports.h"
@@ -188,11 +187,8 @@ int Run(const std::string& spec_path, bool use_default, const std::vector<std::s
     if (text) {
       std::cout << ftd::spec::ProfileTable(report, prof.top) << std::flush;
     } else {
-      std::string json;
-      google::protobuf::util::JsonPrintOptions o;
-      o.preserve_proto_field_names = true;
-      (void)google::protobuf::util::MessageToJsonString(report, &json, o);
-      std::cout << "{\"event\": \"profile\", \"profile\": " << json << "}" << std::endl;
+      std::cout << "{\"event\": \"profile\", \"profile\": "
+                << ftd::spec::MessageToJsonValue(report, /*every_field=*/false).dump() << "}" << std::endl;
     }
   };
   hooks.on_step = [text](const ftd::engine::StepMetrics& m) {

@@ -22,13 +22,7 @@ FTCTL = BUILD / "client" / "ftctl"
 
 torch.set_num_threads(2)
 
-# Meta's LLaMA-3 (8B-Instruct) chat template.
-LLAMA3_TEMPLATE = (
-    "{% set loop_messages = messages %}{% for message in loop_messages %}"
-    "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'"
-    "+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}"
-    "{% endif %}{{ content }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}")
+LLAMA3_TEMPLATE = corpus.LLAMA3_TEMPLATE
 # The same rendering with the assistant's part marked, so transformers returns its assistant mask.
 LLAMA3_TEMPLATE_MASKED = (
     "{% for message in messages %}{% if loop.index0 == 0 %}{{ bos_token }}{% endif %}"

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from ftdtest import WORKER, run_worker
+from ftdtest import BUILD, WORKER, run_worker
+
+FAKE_GPU_RANK = BUILD / "tests" / "ftd-fake-gpu-rank"
 
 DEVICE = os.environ.get("FTD_TEST_DEVICE", "cpu")
 if DEVICE == "cuda":
@@ -189,6 +191,47 @@ def test_sharded_checkpoint_resumes_exactly_on_the_same_and_another_number_of_ra
                                     tmp_path)
     assert [s["step"] for s in other] == [4, 5, 6]
     assert_same_steps(other, full[3:], f"resumed by {'4 ranks' if four else '1 process'}")
+
+
+def run_fake_gpu_ranks(s, tmp, name, gpus):
+    """Every rank of `s` through tests/fake_gpu_rank.cc, rank r with the fake GPU gpus[r] = (joules a
+    step, MiB in use, utilisation); rank 0's step lines, after every rank exited 0."""
+    tmp = Path(tmp)
+    path = tmp / f"{name}.json"
+    path.write_text(json.dumps(s))
+    procs = [subprocess.Popen([str(FAKE_GPU_RANK), str(path), str(r), str(tmp / f"{name}.store"), *map(str, gpu)],
+                              stdout=subprocess.PIPE, stderr=open(tmp / f"{name}.rank{r}.err", "w"), text=True)
+             for r, gpu in enumerate(gpus)]
+    out0 = procs[0].communicate(timeout=240)[0]
+    codes = [p.wait(timeout=240) for p in procs]
+    assert codes == [0] * len(gpus), (codes, [(tmp / f"{name}.rank{r}.err").read_text()[-2000:] for r in range(len(gpus))])
+    return [l for l in map(json.loads, out0.splitlines()) if l["event"] == "step"]
+
+
+@cpu_only
+def test_mfu_and_energy_count_every_ranks_gpu(tmp_path):
+    """A data-parallel job's MFU is its throughput against the peak of every GPU it runs on, and its
+    energy, J/token and GPU memory are those of all its GPUs over all its ranks' tokens. CPU ranks,
+    each with a fake GPU of its own (tests/fake_gpu_rank.cc: a fixed energy per step, so the figures
+    do not depend on the step times of a busy machine; power is the same summed counter over time)."""
+    peak = 1e12
+    one = run_fake_gpu_ranks(spec(batch_size=4, steps=6, peak_flops=peak), tmp_path, "one", [(100, 1024, 0.2)])
+    dp = run_fake_gpu_ranks(spec(batch_size=2, gpus=2, steps=6, peak_flops=peak), tmp_path, "dp",
+                            [(100, 1024, 0.2), (300, 3072, 0.6)])
+    assert len(dp) == len(one) == 6 and all(s["ranks"] == 2 and s["tokens"] == 4 * 32 for s in dp)
+    # Model FLOPs per token over the peak of the job's GPUs: the same model and seq_len in both runs.
+    per_token = [s["mfu"] * s["ranks"] / s["tokens_per_s"] for s in one + dp]
+    assert all(abs(x - per_token[0]) <= 1e-9 * per_token[0] for x in per_token), per_token
+
+    def close(a, b):
+        return abs(a - b) <= 1e-9 * abs(b)
+
+    for runs, joules, mib, util in ((one, 100, 1024, 0.2), (dp, 400, 4096, 0.4)):
+        for s in runs:
+            assert s["nvml_available"] and s["power_w"] > 0, s
+            assert close(s["step_energy_j"], joules) and close(s["energy_total_j"], joules * s["step"]), (joules, s)
+            assert close(s["joules_per_token"], joules / s["tokens"]), (joules, s)  # every rank's tokens
+            assert s["gpu_memory_used_bytes"] == mib << 20 and abs(s["gpu_utilization"] - util) < 1e-12, s
 
 
 def test_a_different_combined_batch_is_refused_naming_the_fields(tmp_path):

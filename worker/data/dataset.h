@@ -51,6 +51,17 @@ struct Corpus {
   uint64_t loss_tokens() const;
 };
 
+// The chat format above as a chat template (Meta's LLaMA-3 template): transformers'
+// apply_chat_template renders with it what chat rendering trains on (tests/python/test_datasets.py),
+// and with add_generation_prompt the assistant's header that a reply follows. Written into the
+// tokenizer_config.json of a chat fine-tune whose tokenizer has no template (docs/checkpoint-format.md).
+inline constexpr std::string_view kLlama3ChatTemplate =
+    "{% set loop_messages = messages %}{% for message in loop_messages %}"
+    "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'"
+    "+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}"
+    "{% endif %}{{ content }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
+
 // The chat roles a message may have; loss is counted on "assistant" only.
 inline constexpr std::string_view kChatRoles[] = {"system", "user", "assistant", "tool", "ipython"};
 

@@ -22,11 +22,23 @@ using nlohmann::json;
 namespace {
 
 constexpr char kFormat[] = "ftd-checkpoint-1";
-const char* const kFiles[] = {"model.safetensors", "config.json", "optimizer.safetensors", "trainer_state.json"};
+// Besides these, a full checkpoint and a merged LoRA model hold the model's other files
+// (LlamaModel::hf_files(): config.json, generation_config.json, the tokenizer's).
+const char* const kFiles[] = {"model.safetensors", "model.safetensors.index.json", "optimizer.safetensors",
+                              "trainer_state.json"};
 // LoRA: the adapters in PEFT's format instead of the model; the base stays where it was read from.
 const char* const kLoraFiles[] = {"adapter_model.safetensors", "adapter_config.json", "optimizer.safetensors",
                                   "trainer_state.json"};
-const char* const kMergedFiles[] = {"merged/model.safetensors", "merged/config.json"};
+
+// model.safetensors.index.json naming model.safetensors as the file of every weight. Loaders that
+// read every *.safetensors file of a directory unless an index names the weights' files (vLLM's,
+// SGLang's) would otherwise read optimizer.safetensors as weights too; transformers and ftd read
+// model.safetensors, which the index names.
+std::string WeightIndexJson(const LlamaModel& model) {
+  json index = {{"metadata", {{"total_size", TensorBytes(model.named_parameters())}}}, {"weight_map", json::object()}};
+  for (const auto& [name, t] : model.named_parameters()) index["weight_map"][name] = "model.safetensors";
+  return index.dump(2);
+}
 
 // "step-00000042" -> 42 (8 digits or more); any other name -> nullopt.
 std::optional<int64_t> StepOf(const fs::path& p) {
@@ -181,6 +193,9 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const Traine
     }
   } else {
     if (auto s = model.SaveWeights(tmp.string(), &meter); !s.ok()) return s;
+    if (auto s = WriteFileSynced((tmp / "model.safetensors.index.json").string(), WeightIndexJson(model)); !s.ok()) {
+      return s;
+    }
   }
   const std::string opt_file = sharded ? OptimizerShardName(0, ranks.world) : "optimizer.safetensors";
   if (auto s = WriteTensors((tmp / opt_file).string(), state_tensors, {}, &meter); !s.ok()) return s;
@@ -199,6 +214,11 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const Traine
   for (const char* f : kLoraFiles) {
     if (model.lora()) files.emplace_back(f);
   }
+  for (const std::string& f : model.hf_files().names()) {
+    if (!model.lora()) files.push_back(f);
+    if (model.lora() && merged) files.push_back("merged/" + f);
+  }
+  if (model.lora() && merged) files.emplace_back("merged/model.safetensors");
   if (sharded) {
     std::erase(files, std::string("optimizer.safetensors"));
     for (int r = 0; r < ranks.world; ++r) files.push_back(OptimizerShardName(r, ranks.world));
@@ -208,9 +228,6 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const Traine
     const uint64_t size = fs::file_size(tmp / f, ec);
     if (ec) return absl::InternalError(absl::StrCat("checkpoint file ", (tmp / f).string(), ": ", ec.message()));
     manifest["files"][f] = size;
-  }
-  for (const char* f : kMergedFiles) {
-    if (model.lora() && merged) manifest["files"][f] = fs::file_size(tmp / f);
   }
   if (auto s = WriteFileSynced((tmp / "MANIFEST.json").string(), manifest.dump(2)); !s.ok()) return s;
   if (auto s = FsyncDir(tmp.string()); !s.ok()) return s;
@@ -261,8 +278,9 @@ absl::Status LoadCheckpoint(const std::string& dir, TrainerState* st, LlamaModel
   } catch (const json::exception& e) {
     return absl::DataLossError(absl::StrCat(dir, "/trainer_state.json: ", e.what()));
   }
+  // The spec disagrees with the checkpoint: the spec's to fix (InvalidArgument: an invalid spec).
   auto mismatch = [&](const char* field, auto a, auto b) {
-    return absl::FailedPreconditionError(absl::StrCat("cannot resume from ", dir, ": spec.", field, " is ", b,
+    return absl::InvalidArgumentError(absl::StrCat("cannot resume from ", dir, ": spec.", field, " is ", b,
                                                       " but the checkpoint was written with ", a,
                                                       " (use the same value, or a new checkpoint.dir)"));
   };
@@ -276,7 +294,7 @@ absl::Status LoadCheckpoint(const std::string& dir, TrainerState* st, LlamaModel
   // A LoRA run resumes from adapters, a full fine-tuning run from a whole model: never the other.
   const bool has_adapter = fs::exists(fs::path(dir) / "adapter_model.safetensors");
   if (has_adapter != model->lora()) {
-    return absl::FailedPreconditionError(absl::StrCat(
+    return absl::InvalidArgumentError(absl::StrCat(
         "cannot resume from ", dir, ": it is a ", has_adapter ? "LoRA" : "full fine-tuning",
         " checkpoint and this run is ", model->lora() ? "LoRA" : "full fine-tuning",
         " (use a new checkpoint.dir, or set spec.lora as the checkpoint was written)"));

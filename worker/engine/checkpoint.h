@@ -1,9 +1,10 @@
 // Atomic, resumable checkpoints (docs/checkpoint-format.md).
 //
 //   <root>/step-00000042/          a complete checkpoint (renamed into place last)
-//     model.safetensors, config.json   HF layout: transformers' from_pretrained loads the directory
+//     model.safetensors (+ its index), config.json, generation_config.json, the tokenizer files:
+//       a complete HF model directory (LlamaModel::hf_files()) that transformers loads
 //       (LoRA instead: adapter_model.safetensors, adapter_config.json in PEFT's format, and with
-//       `merged` a merged/ directory holding model.safetensors and config.json)
+//       `merged` a merged/ directory holding the merged model's weights and the same files)
 //     optimizer.safetensors            AdamW state under fixed names, and RNG states
 //     trainer_state.json               step, data cursor, shapes the cursor depends on
 //     MANIFEST.json                    written last: format, step, every file and its size
@@ -58,8 +59,8 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const Traine
                                            std::function<bool()> abort = {}, const CheckpointRanks& ranks = {});
 // The newest complete checkpoint under root, or nullopt if there is none.
 absl::StatusOr<std::optional<std::string>> LatestCheckpoint(const std::string& root);
-// Loads a checkpoint written with the same data settings as `state` (refused otherwise, naming the
-// field). The optimizer state is looked up by name in every optimizer file of the checkpoint, so a
+// Loads a checkpoint written with the same data settings as `state` (refused otherwise with
+// InvalidArgument naming the field: the spec's to fix, as is a checkpoint of another kind or shape). The optimizer state is looked up by name in every optimizer file of the checkpoint, so a
 // sharded one loads into any number of ranks (re-sharding) and into an unsharded run. Reports kLoadCheckpoint progress through `progress` (may be empty).
 absl::Status LoadCheckpoint(const std::string& dir, TrainerState* state, LlamaModel* model, AdamW* opt,
                             const ProgressFn& progress = {});

@@ -6,12 +6,14 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "worker/engine/gpu_monitor.h"
 #include "worker/engine/progress.h"
 #include "worker/engine/spec_types.h"
 
@@ -47,7 +49,8 @@ namespace ftd::engine {
   X(std::optional<double>, eval_loss, "mean masked loss on the held-out rows, on eval steps")           \
   X(int64_t, ranks, "data-parallel ranks the step ran on (spec.gpus); tokens and tokens_per_s are theirs together") \
   X(double, comm_wait_s, "time the step waited for gradient reduction after backward (not overlapped)") \
-  X(uint64_t, max_rank_peak_mem_allocated_bytes, "the largest GPU peak of the job's ranks (0 on CPU)")
+  X(uint64_t, max_rank_peak_mem_allocated_bytes, "the largest GPU peak of the job's ranks (0 on CPU)")        \
+  X(double, eta_s, "seconds left: steps left x the step time's moving average over every step (0.2 on the newest)")
 
 // A metric as an optional: set ones are reported, unset optional ones are left out (null in JSON).
 template <typename T>
@@ -120,6 +123,9 @@ struct RunHooks {
   // GPU runs: log the GPU time of each phase of every step (forward+backward, norm+clip, optimizer)
   // from CUDA events, which add no synchronisation (`ftd-worker run --phase-times`).
   bool phase_times = false;
+  // This rank's GPU monitor instead of NVML's for the run's device, also on a CPU rank (a test
+  // driver's fake: tests/fake_gpu_rank.cc). Empty: NVML on a GPU, none on a CPU.
+  std::function<std::unique_ptr<GpuMonitor>()> open_gpu_monitor;
 };
 
 // One process of a data-parallel job (spec.gpus > 1; docs/distributed.md).

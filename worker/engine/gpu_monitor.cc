@@ -37,6 +37,8 @@ struct GpuMonitor::Api {
   nvmlReturn_t (*memory)(nvmlDevice_t, nvmlMemory_t*) = nullptr;
 };
 
+GpuMonitor::GpuMonitor() = default;
+
 std::unique_ptr<GpuMonitor> GpuMonitor::Unavailable(const std::string& reason) {
   std::unique_ptr<GpuMonitor> m(new GpuMonitor());
   m->reason_ = reason;
@@ -109,6 +111,21 @@ GpuMonitor::Sample GpuMonitor::Read() {
   if (a.memory != nullptr && a.memory(device_, &mem) == kNvmlSuccess) s.memory_used_bytes = mem.used;
   s.ok = true;
   return s;
+}
+
+GpuMonitor::Sample CombineGpuSamples(const std::vector<GpuMonitor::Sample>& per_gpu) {
+  GpuMonitor::Sample job;
+  if (per_gpu.empty()) return job;
+  job.ok = true;
+  for (const auto& s : per_gpu) {
+    job.ok = job.ok && s.ok;
+    job.energy_j += s.energy_j;
+    job.power_w += s.power_w;
+    job.utilization += s.utilization / static_cast<double>(per_gpu.size());
+    job.memory_used_bytes += s.memory_used_bytes;
+  }
+  if (!job.ok) return GpuMonitor::Sample{};
+  return job;
 }
 
 void EnergyWindow::Start(double t_s, double energy_j, int64_t tokens_total, int64_t step) {

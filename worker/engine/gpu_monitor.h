@@ -9,9 +9,12 @@
 #include <deque>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace ftd::engine {
 
+// NVML's view of one GPU. A test driver may stand in a monitor of its own (a subclass; RunHooks::
+// open_gpu_monitor), also for a CPU rank.
 class GpuMonitor {
  public:
   struct Sample {
@@ -27,14 +30,16 @@ class GpuMonitor {
   static std::unique_ptr<GpuMonitor> Open(const std::string& pci_bus_id,
                                           const std::string& library = "libnvidia-ml.so.1");
   static std::unique_ptr<GpuMonitor> Unavailable(const std::string& reason);
-  ~GpuMonitor();
+  virtual ~GpuMonitor();
 
-  bool available() const { return device_ != nullptr; }
+  virtual bool available() const { return device_ != nullptr; }
   const std::string& reason() const { return reason_; }
-  Sample Read();
+  virtual Sample Read();
+
+ protected:
+  GpuMonitor();  // defined where Api is complete
 
  private:
-  GpuMonitor() = default;
   struct Api;
   void* lib_ = nullptr;
   void* device_ = nullptr;
@@ -44,6 +49,11 @@ class GpuMonitor {
   double integrated_j_ = 0;  // fallback when the device has no energy counter: power x time
   double last_t_ = -1;
 };
+
+// The GPUs of a data-parallel job as one, from each rank's sample of its own GPU: energy, power and
+// memory in use summed, utilisation averaged; ok only when every GPU was read (a sum missing one
+// would understate the job). One sample: itself.
+GpuMonitor::Sample CombineGpuSamples(const std::vector<GpuMonitor::Sample>& per_gpu);
 
 // Per-step energy over a window of whole steps: each step end adds (time, energy counter, tokens);
 // Stats() covers the most recent steps spanning at least min_window_s (or all of them).

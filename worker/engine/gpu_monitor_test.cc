@@ -36,5 +36,23 @@ TEST(EnergyWindow, PerStepFiguresSpanWholeStepsOverAtLeastTheWindow) {
   EXPECT_DOUBLE_EQ(s.power_w, 100.0);
 }
 
+// A data-parallel job's GPUs as one: energy, power and memory summed, utilisation averaged; nothing
+// when one GPU could not be read (a partial sum would understate the job).
+TEST(CombineGpuSamples, SumsTheJobsGpusAndNeedsEveryOne) {
+  GpuMonitor::Sample a{true, 1000.0, 100.0, 0.2, 1ull << 30}, b{true, 500.0, 300.0, 0.6, 3ull << 30};
+  auto job = CombineGpuSamples({a, b});
+  EXPECT_TRUE(job.ok);
+  EXPECT_DOUBLE_EQ(job.energy_j, 1500.0);
+  EXPECT_DOUBLE_EQ(job.power_w, 400.0);
+  EXPECT_DOUBLE_EQ(job.utilization, 0.4);
+  EXPECT_EQ(job.memory_used_bytes, 4ull << 30);
+  const auto one = CombineGpuSamples({a});
+  EXPECT_TRUE(one.ok && one.energy_j == a.energy_j && one.utilization == a.utilization);
+  b.ok = false;
+  EXPECT_FALSE(CombineGpuSamples({a, b}).ok);
+  EXPECT_EQ(CombineGpuSamples({a, b}).energy_j, 0.0);
+  EXPECT_FALSE(CombineGpuSamples({}).ok);
+}
+
 }  // namespace
 }  // namespace ftd::engine

@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "worker/engine/fp8_ops.h"
+#include "worker/engine/hf_model_files.h"
 #include "worker/engine/lora.h"
 #include "worker/engine/progress.h"
 #include "worker/engine/spec_types.h"
@@ -43,8 +44,13 @@ class LlamaModel {
   // every name and shape; a missing tensor or a shape mismatch names the tensor. `progress`, when
   // given, has the bytes to read added to its total and counts them as they are copied.
   absl::Status LoadWeights(const std::string& dir, ProgressMeter* progress = nullptr);
-  // Writes dir/model.safetensors and dir/config.json in HF's layout (tied lm_head not stored).
+  // Writes dir/model.safetensors (tied lm_head not stored) and the files of hf_files(): config.json,
+  // generation_config.json and the tokenizer's, so the directory is a complete HF model.
   absl::Status SaveWeights(const std::string& dir, ProgressMeter* progress = nullptr) const;
+  // What SaveWeights and SaveMerged write beside the weights (HfModelFiles::Read, at setup); by
+  // default config.json from the architecture alone.
+  void SetHfFiles(HfModelFiles files) { hf_files_ = std::move(files); }
+  const HfModelFiles& hf_files() const { return hf_files_; }
 
   // The base weights under their HF names, in a fixed order (a tied lm_head is not listed).
   const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters() const { return params_; }
@@ -62,8 +68,8 @@ class LlamaModel {
   // base_model_name_or_path: the directory LoadWeights read, or null).
   absl::Status SaveAdapters(const std::string& dir, ProgressMeter* progress = nullptr) const;
   absl::Status LoadAdapters(const std::string& dir);
-  // LoRA: dir/model.safetensors + config.json with every adapter merged (W + scale B A, in fp32,
-  // stored in the model's dtype): a model transformers loads on its own.
+  // LoRA: dir/model.safetensors with every adapter merged (W + scale B A, in fp32, stored in the
+  // model's dtype) and the files of hf_files(): a model transformers loads on its own.
   absl::Status SaveMerged(const std::string& dir, ProgressMeter* progress = nullptr) const;
 
   // ids: [B, T] int64 -> logits [B, T, V] in the model's dtype.
@@ -151,6 +157,7 @@ class LlamaModel {
   spec::LoraConfig lora_;  // enabled: LoRA
   std::vector<std::pair<std::string, torch::Tensor>> adapters_;  // PEFT names, layer by layer, A then B
   std::string weights_dir_;  // what LoadWeights read
+  HfModelFiles hf_files_;    // written beside the weights
 };
 
 // The architecture in `path` (an HF config.json, or a directory that holds one), read only if it is

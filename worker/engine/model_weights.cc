@@ -207,7 +207,7 @@ absl::Status LlamaModel::WriteWeights(const std::string& dir, bool merged, Progr
   }
   LlamaConfig c = config_;
   c.torch_dtype = dtype_ == torch::kBFloat16 ? "bfloat16" : dtype_ == torch::kHalf ? "float16" : "float32";
-  return WriteFileSynced((std::filesystem::path(dir) / "config.json").string(), c.ToJson());
+  return hf_files_.Write(dir, c, c.torch_dtype);
 }
 
 }  // namespace ftd::engine

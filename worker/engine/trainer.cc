@@ -35,12 +35,25 @@ uint64_t GradBytes(const std::vector<torch::Tensor>& params) {
 
 RunSummary TrainingRun::Run() {
   if (!Setup()) return sum_;
+  const int64_t resumed_at = state_.step;  // 0 unless resumed from a checkpoint
   for (int64_t step = state_.step; step < cfg_.steps; ++step) {
     if (!Step(step)) return sum_;
   }
   if (!Checkpoint()) return sum_;
   sum_.outcome = Outcome::kSucceeded;
-  sum_.message = absl::StrCat("trained ", state_.step, " steps");
+  if (state_.step == resumed_at && resumed_at > 0) {
+    // The spec run again after it finished: say so, rather than count steps it did not run.
+    sum_.message = absl::StrCat(
+        "already at step ", state_.step,
+        state_.step == cfg_.steps ? absl::StrCat(" of ", cfg_.steps) : absl::StrCat(", past spec.steps ", cfg_.steps),
+        " in ", sum_.last_checkpoint,
+        "; nothing to train (raise spec.steps to train on, or give a new checkpoint.dir to train afresh)");
+  } else if (resumed_at > 0) {
+    sum_.message = absl::StrCat("trained ", state_.step - resumed_at, " steps (", resumed_at + 1, " to ", state_.step,
+                                ", resumed from step ", resumed_at, ")");
+  } else {
+    sum_.message = absl::StrCat("trained ", state_.step, " steps");
+  }
   return sum_;
 }
 
@@ -162,7 +175,14 @@ bool TrainingRun::Step(int64_t step) {
     return Fail(Outcome::kNonFinite, absl::StrCat(what, "the update was skipped (lower optimizer.lr or use grad_clip)"));
   }
   if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
-  if (world_ > 1) ShareRankStats();
+  // The GPUs' energy counters at the step's end: this rank's, and with several ranks all of theirs.
+  const GpuMonitor::Sample own_gpu = gpu_->available() ? gpu_->Read() : GpuMonitor::Sample{};
+  job_gpu_t_ = NowS();
+  if (world_ > 1) {
+    ShareRankStats(own_gpu);
+  } else {
+    job_gpu_ = own_gpu;
+  }
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (phase_times_) {
     Log(absl::StrFormat("phases step %d: forward+backward %.2f ms, norm+clip %.2f ms, optimizer %.2f ms, wall %.2f ms",

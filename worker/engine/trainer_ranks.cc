@@ -2,7 +2,7 @@
 // the gradient reducer built, reduce-scattering under ZeRO-2), agreeing on each step's stop request
 // and token counts, the global gradient norm whichever rank holds which gradients, ZeRO's gather of
 // the updated weights from the ranks that own them, and each step's per-rank GPU peak,
-// communication wait and gradient bytes shared for rank 0's report.
+// communication wait, gradient bytes and GPU power sample (NVML) shared for rank 0's report.
 #include "worker/engine/training_run.h"
 
 #include <algorithm>
@@ -78,30 +78,71 @@ torch::Tensor TrainingRun::GlobalGradNorm() {
   return sq.sqrt().to(torch::kFloat).reshape({});
 }
 
-void TrainingRun::ShareRankStats() {
+std::vector<double> TrainingRun::ShareRows(const std::vector<double>& row) {
+  const int64_t n = static_cast<int64_t>(row.size());
+  const auto f64 = torch::TensorOptions().dtype(torch::kDouble);
+  torch::Tensor v = torch::zeros({world_ * n}, f64);
+  v.narrow(0, rank_.rank * n, n).copy_(torch::tensor(row, f64));
+  v = v.to(device_);
+  ranks_->AllReduceSum(v);
+  v = v.to(torch::kCPU).contiguous();
+  return std::vector<double>(v.data_ptr<double>(), v.data_ptr<double>() + world_ * n);
+}
+
+namespace {
+
+// A GPU sample as a row of doubles (bytes exact below 2^53), and back.
+constexpr size_t kSampleRow = 5;
+void AppendSample(const GpuMonitor::Sample& s, std::vector<double>* row) {
+  row->insert(row->end(), {s.ok ? 1.0 : 0.0, s.energy_j, s.power_w, s.utilization, static_cast<double>(s.memory_used_bytes)});
+}
+GpuMonitor::Sample SampleAt(const double* d) {
+  GpuMonitor::Sample s;
+  s.ok = d[0] > 0;
+  s.energy_j = d[1];
+  s.power_w = d[2];
+  s.utilization = d[3];
+  s.memory_used_bytes = static_cast<uint64_t>(d[4]);
+  return s;
+}
+
+}  // namespace
+
+GpuMonitor::Sample TrainingRun::ReadJobGpus() {
+  const GpuMonitor::Sample own = gpu_->available() ? gpu_->Read() : GpuMonitor::Sample{};
+  if (world_ == 1) return own;
+  std::vector<double> row;
+  AppendSample(own, &row);
+  const std::vector<double> all = ShareRows(row);
+  std::vector<GpuMonitor::Sample> per_gpu;
+  for (int r = 0; r < world_; ++r) per_gpu.push_back(SampleAt(&all[static_cast<size_t>(r) * kSampleRow]));
+  return CombineGpuSamples(per_gpu);
+}
+
+void TrainingRun::ShareRankStats(const GpuMonitor::Sample& own_gpu) {
   uint64_t peak = 0;
   if (device_.is_cuda()) {
     const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index());
     peak = static_cast<uint64_t>(stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak);
   }
-  torch::Tensor v = torch::zeros({3 * world_}, torch::TensorOptions().dtype(torch::kDouble));
-  v[rank_.rank] = static_cast<double>(peak);
-  v[world_ + rank_.rank] = reducer_->ReadWait();
-  v[2 * world_ + rank_.rank] = static_cast<double>(grad_bytes_);
-  v = v.to(device_);
-  ranks_->AllReduceSum(v);
-  v = v.to(torch::kCPU);
-  const double* d = v.data_ptr<double>();
+  std::vector<double> row = {static_cast<double>(peak), reducer_->ReadWait(), static_cast<double>(grad_bytes_)};
+  AppendSample(own_gpu, &row);
+  const size_t n = row.size();
+  const std::vector<double> all = ShareRows(row);
+  std::vector<GpuMonitor::Sample> per_gpu;
   comm_wait_s_ = 0;
   max_rank_peak_ = 0;
   std::vector<std::string> peaks;
   sum_.rank_grad_bytes.assign(static_cast<size_t>(world_), 0);
   for (int r = 0; r < world_; ++r) {
-    sum_.rank_grad_bytes[static_cast<size_t>(r)] = static_cast<uint64_t>(d[2 * world_ + r]);
-    comm_wait_s_ = std::max(comm_wait_s_, d[world_ + r]);  // the step waits for the slowest rank
-    max_rank_peak_ = std::max(max_rank_peak_, static_cast<uint64_t>(d[r]));
-    peaks.push_back(absl::StrFormat("%.2f", d[r] / (1 << 30)));
+    const double* d = &all[static_cast<size_t>(r) * n];
+    sum_.rank_grad_bytes[static_cast<size_t>(r)] = static_cast<uint64_t>(d[2]);
+    comm_wait_s_ = std::max(comm_wait_s_, d[1]);  // the step waits for the slowest rank
+    max_rank_peak_ = std::max(max_rank_peak_, static_cast<uint64_t>(d[0]));
+    peaks.push_back(absl::StrFormat("%.2f", d[0] / (1 << 30)));
+    per_gpu.push_back(SampleAt(d + 3));
   }
+  job_gpu_ = CombineGpuSamples(per_gpu);
   if (lead() && device_.is_cuda() && (state_.step == 0 || state_.step + 1 == cfg_.steps)) {
     Log(absl::StrCat("GPU peak memory allocated per rank (GiB): ", absl::StrJoin(peaks, ", ")));
   }

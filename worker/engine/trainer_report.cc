@@ -68,21 +68,23 @@ void TrainingRun::Report(double loss, double norm, double lr, double dt, int64_t
     sum_.rank_grad_bytes = {grad_bytes_};
   }
   m.peak_rss_bytes = PeakRss();
-  m.mfu = peak_flops_ > 0 ? flops_per_token_ * m.tokens_per_s / peak_flops_ : 0.0;
-  if (gpu_->available()) {
-    const auto sample = gpu_->Read();
-    if (sample.ok) {
-      energy_.AddStep(NowS(), sample.energy_j, state_.tokens_total, state_.step);
-      const auto es = energy_.Current();
-      m.nvml_available = true;
-      m.energy_total_j = es.energy_total_j;
-      m.step_energy_j = es.step_energy_j;
-      m.joules_per_token = es.joules_per_token;
-      m.power_w = es.power_w;
-      m.gpu_utilization = sample.utilization;
-      m.gpu_memory_used_bytes = sample.memory_used_bytes;
-    }
+  // The job's throughput against the peak of every GPU it runs on (one per rank).
+  m.mfu = peak_flops_ > 0 ? flops_per_token_ * m.tokens_per_s / (peak_flops_ * world_) : 0.0;
+  // Energy of every GPU of the job (ShareRankStats) over the tokens of every rank.
+  if (energy_started_ && job_gpu_.ok) {
+    energy_.AddStep(job_gpu_t_, job_gpu_.energy_j, state_.tokens_total, state_.step);
+    const auto es = energy_.Current();
+    m.nvml_available = true;
+    m.energy_total_j = es.energy_total_j;
+    m.step_energy_j = es.step_energy_j;
+    m.joules_per_token = es.joules_per_token;
+    m.power_w = es.power_w;
+    m.gpu_utilization = job_gpu_.utilization;
+    m.gpu_memory_used_bytes = job_gpu_.memory_used_bytes;
   }
+  // The one ETA (ftctl get and watch show it): the steps left at a moving average of the step time.
+  step_time_ewma_ = step_time_ewma_ < 0 ? dt : kEtaWeight * dt + (1 - kEtaWeight) * step_time_ewma_;
+  m.eta_s = static_cast<double>(std::max<int64_t>(0, cfg_.steps - state_.step)) * step_time_ewma_;
   if (hooks_.on_step_done) hooks_.on_step_done(state_.step);
   if (lead() && hooks_.on_step && (state_.step % cfg_.log_every == 0 || state_.step == cfg_.steps || m.eval_loss)) {
     hooks_.on_step(m);

@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "spec/peak_memory.h"
+#include "worker/data/dataset.h"
 
 namespace ftd::engine {
 
@@ -63,6 +64,29 @@ absl::StatusOr<LlamaConfig> ModelConfigFor(const TrainConfig& cfg, bool cuda) {
   return PresetLlamaConfig(cuda ? "llama-3.1-8b" : "tiny");
 }
 
+// Where the files beside a checkpoint's weights come from: the config ModelConfigFor read (none
+// for a preset), generation_config.json beside it, and the tokenizer the data uses (or the one in
+// model.weights_path).
+HfModelSources ModelFilesFor(const TrainConfig& cfg) {
+  HfModelSources src;
+  if (cfg.model.preset.empty() && !cfg.model.config_path.empty()) {
+    src.config_path = cfg.model.config_path;
+    src.config_field = "spec.model.config_path";
+  } else if (cfg.model.preset.empty() && !cfg.model.weights_path.empty()) {
+    src.config_path = cfg.model.weights_path;
+    src.config_field = "spec.model.weights_path";
+  }
+  if (!cfg.data.tokenizer_path.empty()) {
+    src.tokenizer_dir = cfg.data.tokenizer_path;
+    src.tokenizer_field = "spec.data.tokenizer_path";
+  } else if (!cfg.model.weights_path.empty()) {
+    src.tokenizer_dir = cfg.model.weights_path;
+    src.tokenizer_field = "spec.model.weights_path";
+  }
+  if (cfg.data.format == "chat") src.chat_template = data::kLlama3ChatTemplate;
+  return src;
+}
+
 }  // namespace
 
 bool TrainingRun::Setup() {
@@ -93,6 +117,11 @@ bool TrainingRun::Setup() {
   LlamaModel& model = *model_;
   model.SetKernels(kernels_, cfg_.kernel_tuning);
   model.SetActivationCheckpointing(cfg_.activation_checkpointing, cfg_.full_checkpoint_layers);
+  if (!cfg_.checkpoint.dir.empty()) {  // read once, written with every checkpoint
+    auto files = HfModelFiles::Read(ModelFilesFor(cfg_));
+    if (!files.ok()) return Fail(Outcome::kInvalidSpec, std::string(files.status().message()));
+    model.SetHfFiles(*std::move(files));
+  }
   if (!cfg_.model.weights_path.empty()) {
     ProgressMeter meter(hooks_.on_progress, ProgressPhase::kLoadWeights, 0);
     if (auto s = model.LoadWeights(cfg_.model.weights_path, &meter); !s.ok()) {
@@ -151,7 +180,9 @@ bool TrainingRun::Setup() {
     if (!latest.ok()) return Fail(Outcome::kFailed, std::string(latest.status().message()));
     if (latest->has_value()) {
       if (auto s = LoadCheckpoint(**latest, &state_, &model, &*opt_, hooks_.on_progress); !s.ok()) {
-        return Fail(Outcome::kFailed, std::string(s.message()));
+        // A spec that disagrees with the checkpoint (its batch, data, kind or shapes) is an invalid
+        // spec; an unreadable or corrupt checkpoint is a failure of the run.
+        return Fail(absl::IsInvalidArgument(s) ? Outcome::kInvalidSpec : Outcome::kFailed, std::string(s.message()));
       }
       model.WeightsChanged();
       sum_.last_checkpoint = **latest;
@@ -178,14 +209,23 @@ bool TrainingRun::Setup() {
 
   phase_times_ = device_.is_cuda() && hooks_.phase_times;
   for (int i = 0; phase_times_ && i < 4; ++i) events_.emplace_back(cudaEventDefault);
-  if (device_.is_cuda()) {
+  if (hooks_.open_gpu_monitor) {
+    gpu_ = hooks_.open_gpu_monitor();
+  } else if (device_.is_cuda()) {
     const auto* props = at::cuda::getDeviceProperties(device_.index());
     gpu_ = GpuMonitor::Open(absl::StrFormat("%04x:%02x:%02x.0", props->pciDomainID, props->pciBusID, props->pciDeviceID));
   } else {
     gpu_ = GpuMonitor::Unavailable("a CPU run");
   }
   if (!gpu_->available()) Log(absl::StrCat("GPU power and energy unavailable: ", gpu_->reason()));
-  if (gpu_->available()) energy_.Start(NowS(), gpu_->Read().energy_j, state_.tokens_total, state_.step);
+  // Power, energy and J/token are the job's: with several ranks every rank's GPU counts, and they
+  // are reported only when every one of them can be read.
+  if (const auto job = ReadJobGpus(); job.ok) {
+    energy_.Start(NowS(), job.energy_j, state_.tokens_total, state_.step);
+    energy_started_ = true;
+  } else if (world_ > 1 && gpu_->available()) {
+    Log("GPU power and energy unavailable: another rank's GPU cannot be read");
+  }
   if (world_ > 1) {
     Log(absl::StrFormat("data parallel: rank %d of %d on %s through %s, %d gradient buckets%s", rank_.rank, world_,
                         device_.str(), ranks_->backend_name(), reducer_->num_buckets(),

@@ -81,8 +81,14 @@ class TrainingRun {
   void GatherUpdatedWeights();
   // The global L2 norm of the step's gradients.
   torch::Tensor GlobalGradNorm();
-  // Data-parallel: every rank's GPU peak and communication wait of the step, to rank 0's report.
-  void ShareRankStats();
+  // Data-parallel: each rank's `row` (the same length on every rank), all ranks' rows in rank order.
+  std::vector<double> ShareRows(const std::vector<double>& row);
+  // Data-parallel: every rank's GPU peak, communication wait and GPU sample (`own_gpu`, its own
+  // GPU's) of the step, to rank 0's report; job_gpu_ = the job's GPUs as one (CombineGpuSamples).
+  void ShareRankStats(const GpuMonitor::Sample& own_gpu);
+  // A sample of the job's GPUs as one: this rank's GPU, or with several ranks all of theirs
+  // (a collective: every rank calls it).
+  GpuMonitor::Sample ReadJobGpus();
   void Report(double loss, double norm, double lr, double dt, int64_t real_tokens, int64_t loss_tokens);
   DeviceBatch Upload(MicroBatch& mb) const;
   double Evaluate();  // the mean masked loss over every held-out row
@@ -120,8 +126,13 @@ class TrainingRun {
   MicroBatch host_;
   bool phase_times_ = false;
   std::vector<at::cuda::CUDAEvent> events_;  // phase boundaries (phase_times_)
-  std::unique_ptr<GpuMonitor> gpu_;          // NVML: energy over whole steps (too coarse for one)
+  std::unique_ptr<GpuMonitor> gpu_;          // NVML on this rank's GPU: energy over whole steps (too coarse for one)
+  GpuMonitor::Sample job_gpu_;               // the step's sample of the job's GPUs (every rank's, summed)
+  double job_gpu_t_ = 0;                     // when it was read (NowS)
+  bool energy_started_ = false;              // energy_ has its start: every GPU of the job was read at setup
   EnergyWindow energy_;
+  double step_time_ewma_ = -1;               // s; every step's wall time, weight kEtaWeight on the newest
+  static constexpr double kEtaWeight = 0.2;
   std::optional<StepProfiler> profiler_;
   int64_t profile_from_ = -1;
   std::chrono::steady_clock::time_point profile_t0_;
