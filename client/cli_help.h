@@ -9,10 +9,6 @@
 
 namespace ftd::client {
 
-// The candidate closest to `typed` by edit distance, if close enough to be a typo (at most 2 edits,
-// or a third of its length); "" otherwise.
-std::string ClosestMatch(const std::string& typed, const std::vector<std::string>& candidates);
-
 // After a failed parse of `args` (argv without the program name): a hint naming the unknown command
 // or flag and what was probably meant ("unknown command \"lsit\"; did you mean \"list\"?"), or "".
 std::string DidYouMean(const CLI::App& app, const std::vector<std::string>& args);

@@ -4,8 +4,12 @@
 
 #include <algorithm>
 
+#include "spec/closest_match.h"
+
 namespace ftd::client {
 namespace {
+
+using spec::ClosestMatch;
 
 TEST(ClosestMatch, FindsTyposAndNothingFarOff) {
   const std::vector<std::string> cmds = {"submit", "list", "get", "watch", "cancel", "wait", "profile", "compare"};
