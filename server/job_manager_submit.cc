@@ -80,6 +80,7 @@ absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::SubmitWith(
           owner, used, HoursText(cfg_.quotas.window_ms), limits.gpu_hours));
     }
   }
+    if (auto st = ftd::spec::CheckSequenceLength(*model, config->seq_len, config->ModelOrigin()); !st.ok()) return st;
   Job job;
   job.set_name(req.name());
   job.set_kind(req.kind() == ftd::v1::JOB_KIND_UNSPECIFIED ? ftd::v1::FINETUNE : req.kind());
