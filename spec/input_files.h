@@ -12,6 +12,7 @@
 #include <sys/types.h>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "spec/train_config.h"
 
 namespace ftd::spec {
@@ -30,5 +31,16 @@ const char* FileTypeName(mode_t mode);
 //   spec.lora.adapter_path      a directory
 //   spec.checkpoint.dir         a directory
 absl::Status CheckInputFiles(const TrainConfig& config);
+
+// Whether `prefix`, the first bytes of a file (`whole`: all of it), reads as JSON lines: after
+// blanks (and a UTF-8 byte order mark), a JSON object that parses, or parses as far as the prefix
+// goes. A token file (little-endian ids) does not: its bytes are not JSON.
+bool LooksLikeJsonLines(absl::string_view prefix, bool whole);
+
+// How many bytes LooksLikeJsonLines wants to see.
+inline constexpr size_t kJsonSniffBytes = 64 << 10;
+
+// The refusal of a token file (`field`: "spec.data.path") that holds JSON lines: it names data.format.
+absl::Status JsonLinesAsTokensError(absl::string_view field, const std::string& path);
 
 }  // namespace ftd::spec
