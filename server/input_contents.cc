@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "spec/input_files.h"
 #include "spec/jsonl_example.h"
+#include "spec/lora_config.h"
 #include "util/unique_fd.h"
 
 namespace ftd::server {
@@ -131,6 +132,13 @@ absl::Status CheckInputContents(const spec::TrainConfig& c, const InputContentOp
       continue;
     }
     if (auto st = CheckJsonl(field, path, c.data, o, notes); !st.ok()) return st;
+  }
+  if (c.lora.enabled && !c.lora.adapter_path.empty() && c.lora.adapter_path.front() == '/') {
+    const std::string config = (fs::path(c.lora.adapter_path) / "adapter_config.json").string();
+    if (auto head = ReadHead(config, 1 << 20); head.has_value()) {
+      if (auto st = spec::CheckPeftAdapter(head->bytes, config, c.lora); !st.ok()) return st;
+      notes->push_back(absl::StrCat("spec.lora.adapter_path: ", config, " is a LoRA adapter this spec trains"));
+    }
   }
   return absl::OkStatus();
 }

@@ -3,7 +3,9 @@
 //   - a token file (data.format "tokens") that holds JSON lines: refused naming data.format;
 //   - a JSONL file's lines, checked by the worker's own rules (spec/jsonl_example.h): all of a file
 //     up to kJsonlCheckBytes, else its first kJsonlCheckBytes of whole lines (the worker checks the
-//     rest at the start); bad lines are refused under data.on_bad_line "refuse".
+//     rest at the start); bad lines are refused under data.on_bad_line "refuse";
+//   - a PEFT adapter's adapter_config.json (lora.adapter_path): settings ftd does not implement, and
+//     an adapter that does not match spec.lora (spec/lora_config.h).
 // Each check that passes leaves a note saying what it covered, for `ftctl submit --dry-run`.
 #pragma once
 
