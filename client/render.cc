@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "spec/bytes.h"
 
 namespace ftd::client {
 
@@ -30,11 +31,7 @@ std::string FormatDuration(double s) {
   return absl::StrFormat("%dh%02dm", t / 3600, (t % 3600) / 60);
 }
 
-std::string FormatBytes(uint64_t b) {
-  const double mib = static_cast<double>(b) / (1 << 20);
-  if (mib < 1024) return absl::StrFormat("%.0f MiB", mib);
-  return absl::StrFormat("%.1f GiB", mib / 1024);
-}
+std::string FormatBytes(uint64_t b) { return spec::FormatBytes(static_cast<double>(b)); }
 
 std::string FormatTimeUtc(int64_t unix_ms) {
   if (unix_ms <= 0) return "-";

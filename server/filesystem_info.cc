@@ -15,19 +15,12 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 
+#include "spec/bytes.h"
 namespace ftd::server {
 
 namespace {
 
-std::string Bytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024 && u < 4) {
-    b /= 1024;
-    ++u;
-  }
-  return u == 0 ? absl::StrFormat("%.0f B", b) : absl::StrFormat("%.1f %s", b, units[u]);
-}
+std::string Bytes(double b) { return spec::FormatBytes(b); }
 
 // mountinfo escapes blanks, tabs, newlines and backslashes in paths as octal (\040).
 std::string Unescape(const std::string& s) {

@@ -1292,7 +1292,7 @@ TEST_F(JobManagerTest, ACheckpointWriteShowsInGetWithItsPredictedEndWhichThePost
   for (const auto& e : EventLog(a)) {
     if (e.has_log()) notes.push_back(e.log());
   }
-  EXPECT_EQ(notes, std::vector<std::string>{"writing the checkpoint after step 4: 12.0 of 48.0 GiB, about 26s left"})
+  EXPECT_EQ(notes, std::vector<std::string>{"writing the checkpoint after step 4: 12.0 GiB of 48.0 GiB, about 26s left"})
       << "once per write, from the first report with a prediction";
   // A stop with a checkpoint waits for the predicted end (with a margin), not only the grace period.
   ASSERT_TRUE(m.Cancel(a, "alice", /*checkpoint=*/true).ok());

@@ -193,5 +193,17 @@ TEST(PeakMemory, Fp8AddsTheWeightCopies) {
   EXPECT_EQ(fp8.activations, fused.activations);
 }
 
+TEST(PeakMemory, ASmallModelIsToldInMiBNotAsZeroGiB) {
+  auto m = PresetLlamaConfig("tiny");
+  ASSERT_TRUE(m.ok());
+  TrainConfig c;
+  c.batch_size = 16;
+  c.seq_len = 64;
+  const std::string text = PredictPeakMemory(*m, c, false).ToString();
+  EXPECT_EQ(text.find("0.0 GiB"), std::string::npos) << text;
+  EXPECT_EQ(text.find("0.00"), std::string::npos) << text;
+  EXPECT_NE(text.find(" MiB"), std::string::npos) << text;
+}
+
 }  // namespace
 }  // namespace ftd::spec
