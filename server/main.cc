@@ -30,6 +30,7 @@
 #include "server/auth_store.h"
 #include "server/daemon_flags.h"
 #include "server/data_dir.h"
+#include "server/filesystem_info.h"
 #include "server/gpu_probe.h"
 #include "server/job_manager.h"
 #include "server/memory_fit.h"
@@ -82,25 +83,27 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
+  // A start-up step that failed on a full disk (the databases' write-ahead logs, the socket, a
+  // directory) is told as one line about the disk, whichever step it was.
+  const auto start_failed = [&](const std::string& message) {
+    if (auto full = ftd::server::FullDisk(data_dir)) {
+      std::cerr << "ftd: cannot start: the disk of the data directory " << data_dir << " is full (" << *full
+                << "): free space there, or give --data-dir a directory on a disk with room" << std::endl;
+    } else {
+      std::cerr << "ftd: " << message << std::endl;
+    }
+    return 1;
+  };
   std::error_code ec;
   fs::create_directories(fs::path(data_dir) / "jobs", ec);
-  if (ec) {
-    std::cerr << "ftd: cannot create --data-dir " << data_dir << ": " << ec.message() << "\n";
-    return 1;
-  }
+  if (ec) return start_failed(absl::StrCat("cannot create --data-dir ", data_dir, ": ", ec.message()));
   data_dir = fs::canonical(data_dir).string();
   ftd::server::TightenDataDirModes(data_dir, run_as.has_value());
   if (lc.socket.empty()) lc.socket = (fs::path(data_dir) / "ftd.sock").string();
   auto store = ftd::server::Store::Open((fs::path(data_dir) / "ftd.db").string());
-  if (!store.ok()) {
-    std::cerr << "ftd: " << store.status().message() << "\n";
-    return 1;
-  }
+  if (!store.ok()) return start_failed(std::string(store.status().message()));
   auto auth_store = ftd::server::AuthStore::Open((fs::path(data_dir) / "auth.db").string());
-  if (!auth_store.ok()) {
-    std::cerr << "ftd: " << auth_store.status().message() << "\n";
-    return 1;
-  }
+  if (!auth_store.ok()) return start_failed(std::string(auth_store.status().message()));
   ftd::server::Metrics metrics;
   auto process_metrics = std::make_shared<ftd::server::ProcessCollector>(FTD_VERSION, FTD_COMMIT);
   std::unique_ptr<prometheus::Exposer> exposer;
@@ -160,10 +163,7 @@ int main(int argc, char** argv) {
 
   std::atomic<bool> stopping{false};
   auto local = ftd::server::UnixListener::Listen(lc.socket);
-  if (!local.ok()) {
-    std::cerr << "ftd: " << local.status().message() << "\n";
-    return 1;
-  }
+  if (!local.ok()) return start_failed(std::string(local.status().message()));
   ftd::server::AuthConfig ac;
   ac.admins = {flags.admins.begin(), flags.admins.end()};
   ac.daemon_uid = ::getuid();
@@ -210,10 +210,7 @@ int main(int argc, char** argv) {
   priv.AddListeningPort("unix:" + sock, grpc::InsecureServerCredentials());
   priv.RegisterService(&workers);
   std::unique_ptr<grpc::Server> worker_server = priv.BuildAndStart();
-  if (worker_server == nullptr) {
-    std::cerr << "ftd: cannot listen on unix:" << sock << "\n";
-    return 1;
-  }
+  if (worker_server == nullptr) return start_failed(absl::StrCat("cannot listen on unix:", sock));
   // With --workers-as-owner any local user's workers connect (each attempt still proves itself with
   // its token).
   fs::permissions(sock, flags.workers_as_owner ? fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read |
