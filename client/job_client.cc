@@ -156,10 +156,12 @@ absl::Status JobClient::Unreachable(const std::string& why) const {
     return absl::UnavailableError(
         absl::StrCat("cannot reach ftd at ", opts_.address, " (", opts_.address_source, "): ", why));
   }
-  return absl::UnavailableError(absl::StrCat(
-      "cannot reach ftd at ", opts_.address, " (", opts_.address_source, "): ", why,
-      ". Check that ftd runs there, or give its address with --addr HOST:PORT or $FTD_ADDR; to start one: ftd --listen ",
-      opts_.address, " &  (or scripts/run.sh)"));
+  const std::string hint = !opts_.start_hint.empty()
+                               ? opts_.start_hint
+                               : absl::StrCat("Check that ftd runs there, or give its address with --addr HOST:PORT or "
+                                              "$FTD_ADDR; to start one: ftd --listen ", opts_.address, " &");
+  return absl::UnavailableError(
+      absl::StrCat("cannot reach ftd at ", opts_.address, " (", opts_.address_source, "): ", why, ". ", hint));
 }
 
 absl::Status JobClient::EnsureContact() {
@@ -219,6 +221,10 @@ absl::StatusOr<Resp> JobClient::Unary(Call&& call) {
     return absl::Status(FromGrpc(last).code(),
                         absl::StrCat("no answer from ftd at ", opts_.address, " within ", Seconds(opts_.timeout), " (",
                                      last.error_message(), "); is it still running? (--timeout sets the limit)"));
+  }
+  if (last.error_code() == grpc::StatusCode::UNAUTHENTICATED && opts_.token.empty() && opts_.cert_file.empty() &&
+      !opts_.local_hint.empty()) {
+    return absl::UnauthenticatedError(absl::StrCat(last.error_message(), "; ", opts_.local_hint));
   }
   return FromGrpc(last);
 }

@@ -36,6 +36,12 @@ struct ClientOptions {
   // the system's roots); `cert_file`/`key_file` present a client certificate (mutual TLS).
   bool tls = false;
   std::string ca_file, cert_file, key_file;
+  // What the message of an unreachable daemon says to do ("start it again with ..."); empty: how to
+  // start one at `address`.
+  std::string start_hint;
+  // Added to UNAUTHENTICATED over TCP when no credentials were sent: where this machine's unix socket
+  // is, which needs none.
+  std::string local_hint;
   // A bearer token, sent as "authorization: Bearer ..." on every call. Read from a file, never from
   // the command line (it would show in ps); never printed.
   std::string token;

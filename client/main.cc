@@ -18,7 +18,9 @@ int main(int argc, char** argv) {
   app.fallthrough();  // --addr/--timeout also after the command
   app.set_version_flag("--version", "ftctl " FTD_VERSION);
   GlobalFlags flags;
-  app.add_option("--addr", flags.addr, "ftd address host:port (default: $FTD_ADDR, the config file, 127.0.0.1:7070)");
+  app.add_option("--addr", flags.addr,
+                 "ftd address host:port or unix:PATH (default: $FTD_ADDR, the config file, a local ftd's socket, "
+                 "127.0.0.1:7070)");
   app.add_option("--timeout", flags.timeout_s, "seconds each call may take, retries included (default 30)")
       ->check(PositiveNumber());
   app.add_option("--context", flags.context, "a context of the config file (default: $FTD_CONTEXT, its current_context)");

@@ -18,7 +18,9 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <optional>
 #include <thread>
 
@@ -228,6 +230,19 @@ int main(int argc, char** argv) {
     std::cerr << "ftd: " << st.message() << "\n";
     return 1;
   }
+  // The pid file says "this ftd serves": written now, removed when it stops (if it is still ours).
+  const std::string pid_text = absl::StrCat(::getpid(), "\n");
+  if (!flags.pid_file.empty()) {
+    ec.clear();
+    const std::string tmp = flags.pid_file + ".tmp";
+    std::ofstream out(tmp);
+    out << pid_text << std::flush;
+    if (!out) ec = std::make_error_code(std::errc::io_error);
+    out.close();
+    if (!ec) fs::rename(tmp, flags.pid_file, ec);
+    if (ec) return start_failed(absl::StrCat("cannot write --pid-file ", flags.pid_file, ": ", ec.message()));
+  }
+
   std::cerr << "ftd: serving on unix:" << lc.socket << " (local users), "
             << (lc.listen.empty() ? std::string("no TCP") : lc.Describe(port)) << ", metrics on "
             << (metrics_listen.empty() ? "(off)" : metrics_listen) << ", " << manager.slots() << " slot(s) ("
@@ -248,6 +263,11 @@ int main(int argc, char** argv) {
   (*local)->Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   worker_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  if (!flags.pid_file.empty()) {
+    std::ifstream in(flags.pid_file);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (text == pid_text) fs::remove(flags.pid_file, ec);
+  }
   std::cerr << "ftd: stopped" << std::endl;
   return 0;
 }
