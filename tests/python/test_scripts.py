@@ -2,7 +2,7 @@
 project directory, ftctl from a new shell there (no $FTD_ADDR), the daemon stopped with the kill the
 script prints, ftctl's message when nothing answers, the command that message gives, and the jobs
 still there; ftctl with no daemon at all, the daemon its message says to start, and a TCP call
-without credentials.
+without credentials. Then scripts/setup.sh and a build directory configured from another clone.
 
 The project directory is a fresh directory whose scripts/, .venv and CMakeLists.txt are this
 checkout's (symbolic links), so run.sh runs exactly as in a clone; `cmake` is replaced on PATH by a
@@ -142,3 +142,39 @@ def test_with_no_daemon_ftctl_says_where_it_looked_and_its_advice_works(tmp_path
         assert f"--addr unix:{state / 'ftd.sock'}" in p.stderr, p.stderr
     finally:
         stop_process(d)
+
+
+def fake_build(tmp_path, source):
+    build = tmp_path / "build"
+    build.mkdir()
+    (build / "CMakeCache.txt").write_text(f"CMAKE_HOME_DIRECTORY:INTERNAL={source}\n")
+    return build
+
+
+def setup_sh(tmp_path, build, **extra):
+    env = user_env(tmp_path, FTD_BUILD_DIR=str(build), **extra)
+    log = Path(env["CMAKE_LOG"])
+    log.unlink(missing_ok=True)
+    p = run(["bash", str(ROOT / "scripts" / "setup.sh")], ROOT, env, timeout=300)
+    return p, log.read_text().splitlines() if log.exists() else []
+
+
+def test_setup_configures_afresh_a_build_dir_from_another_clone(tmp_path):
+    build = fake_build(tmp_path, "/nonexistent/old-clone")
+    p, calls = setup_sh(tmp_path, build)
+    assert p.returncode == 0, p.stderr
+    assert "/nonexistent/old-clone" in p.stderr and str(ROOT) in p.stderr, p.stderr
+    assert calls[0].startswith(f"--fresh -S {ROOT} -B {build} "), calls
+    assert calls[-1].startswith(f"--build {build}"), calls
+
+
+def test_setup_leaves_its_own_build_dir_alone_and_fails_when_cmake_fails(tmp_path):
+    build = fake_build(tmp_path, ROOT)
+    p, calls = setup_sh(tmp_path, build)
+    assert p.returncode == 0 and len(calls) == 1 and calls[0].startswith("--build"), (calls, p.stderr)
+    p, calls = setup_sh(tmp_path, build, CMAKE_BUILD_RC="1")
+    assert p.returncode != 0 and "build" in p.stderr, p.stderr
+    (build / "CMakeCache.txt").write_text("CMAKE_HOME_DIRECTORY:INTERNAL=/elsewhere\n")
+    p, calls = setup_sh(tmp_path, build, CMAKE_CONFIGURE_RC="1")
+    assert p.returncode != 0 and "configure" in p.stderr, p.stderr
+    assert not any(c.startswith("--build") for c in calls), calls
