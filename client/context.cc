@@ -346,10 +346,15 @@ absl::StatusOr<ClientOptions> ResolveOptions(const GlobalFlags& flags) {
   opts.address = *normalized;
   opts.address_source = source;
   opts.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
-  opts.tls = cfg->tls;
-  opts.ca_file = cfg->ca_file;
-  opts.cert_file = cfg->cert_file;
-  opts.key_file = cfg->key_file;
+  opts.ca_file = flags.ca_file.empty() ? cfg->ca_file : flags.ca_file;
+  opts.cert_file = flags.cert_file.empty() ? cfg->cert_file : flags.cert_file;
+  opts.key_file = flags.key_file.empty() ? cfg->key_file : flags.key_file;
+  opts.tls = cfg->tls || !opts.ca_file.empty() || !opts.cert_file.empty();
+  if (opts.cert_file.empty() != opts.key_file.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a client certificate needs both its certificate and its key: give ", opts.cert_file.empty() ? "--cert-file" : "--key-file",
+        " too (or cert_file and key_file in the context)"));
+  }
   // How to start the daemon if it cannot be reached, and, when a call over TCP is refused for lack
   // of credentials, where this machine's socket is (which needs none).
   if (!given && local.address.empty()) {

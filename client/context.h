@@ -38,6 +38,9 @@ struct GlobalFlags {
   std::string addr;      // empty: $FTD_ADDR, the config file, a local socket found (LocalDaemon), 127.0.0.1:7070
   double timeout_s = 0;  // 0: the config file's, else 30
   std::string context;   // a named context of the config file (empty: $FTD_CONTEXT, the file's current_context)
+  // TLS, over the context's: the CA that signed ftd's certificate (turns TLS on), a client
+  // certificate and its key (mutual TLS).
+  std::string ca_file, cert_file, key_file;
 };
 
 // Where ftctl looks for an ftd on this machine when no address is given, in this order, and what

@@ -104,7 +104,9 @@ class JobClient {
   absl::Status AwaitReconnect(std::optional<std::chrono::system_clock::time_point>* lost_since, const std::string& why,
                               const std::string& again,
                               const std::function<void(ConnectionEvent, const std::string&)>& on_connection);
-  absl::Status Unreachable(const std::string& why) const;
+  // UNAVAILABLE naming the address, `why`, and (unless something `listening` there failed the
+  // handshake) how to start ftd.
+  absl::Status Unreachable(const std::string& why, bool listening = false) const;
   template <typename Resp, typename Call>
   absl::StatusOr<Resp> Unary(Call&& call);
   // Adds the call credentials (the token) to a call's context.

@@ -34,6 +34,7 @@
 #include "server/data_dir.h"
 #include "server/filesystem_info.h"
 #include "server/gpu_probe.h"
+#include "server/handshake_log.h"
 #include "server/job_manager.h"
 #include "server/memory_fit.h"
 #include "server/listen_config.h"
@@ -185,6 +186,8 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
+  // A failed TLS handshake on --listen: one line naming the peer, rate-limited (handshake_log.h).
+  ftd::server::InstallHandshakeLog([](const std::string& line) { std::cerr << line << std::endl; });
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder pub;
   int port = 0;
