@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "client/commands.h"
+#include "client/render.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace ftd::client {
@@ -120,13 +121,13 @@ Command AddAdmin(CLI::App& app) {
                 std::cout << Json(*r) << std::endl;
                 return kExitOk;
               }
-              std::cout << absl::StrFormat("%-12s  %-16s  %-5s  %-19s  %-19s  %-19s  %s\n", "ID", "USER", "ROLE", "CREATED",
-                                           "EXPIRES", "REVOKED", "DESCRIPTION");
+              std::vector<std::vector<std::string>> rows = {
+                  {"ID", "USER", "ROLE", "CREATED", "EXPIRES", "REVOKED", "DESCRIPTION"}};
               for (const auto& t : r->tokens()) {
-                std::cout << absl::StrFormat("%-12s  %-16s  %-5s  %-19s  %-19s  %-19s  %s\n", t.id(), t.user(),
-                                             RoleName(t.role()), When(t.created_unix_ms()), When(t.expires_unix_ms()),
-                                             When(t.revoked_unix_ms()), t.description());
+                rows.push_back({t.id(), t.user(), RoleName(t.role()), When(t.created_unix_ms()),
+                                When(t.expires_unix_ms()), When(t.revoked_unix_ms()), t.description()});
               }
+              std::cout << Table(rows);
               return kExitOk;
             }
             if (revoke->parsed()) {
@@ -146,14 +147,17 @@ Command AddAdmin(CLI::App& app) {
               std::cout << Json(*r) << std::endl;
               return kExitOk;
             }
-            std::cout << absl::StrFormat("%-6s  %-19s  %-12s  %-14s  %-10s  %-18s  %s\n", "SEQ", "TIME (UTC)", "USER",
-                                         "ACTION", "TARGET", "OUTCOME", "FROM / DETAIL");
+            // Columns as wide as their widest cell: token ids (12 characters), long user names and
+            // action names do not push the rest out of line.
+            std::vector<std::vector<std::string>> rows = {
+                {"SEQ", "TIME (UTC)", "USER", "ACTION", "TARGET", "OUTCOME", "FROM / DETAIL"}};
             for (const auto& a : r->records()) {
-              std::cout << absl::StrFormat("%-6d  %-19s  %-12s  %-14s  %-10s  %-18s  %s (%s) %s%s\n", a.seq(),
-                                           When(a.unix_ms()), a.user().empty() ? "-" : a.user(), a.action(),
-                                           a.target().empty() ? "-" : a.target(), a.code(), a.peer(), a.via(),
-                                           a.detail(), a.message().empty() ? "" : ": " + a.message());
+              rows.push_back({absl::StrCat(a.seq()), When(a.unix_ms()), a.user().empty() ? "-" : a.user(), a.action(),
+                              a.target().empty() ? "-" : a.target(), a.code(),
+                              absl::StrCat(a.peer(), " (", a.via(), ") ", a.detail(),
+                                           a.message().empty() ? "" : ": " + a.message())});
             }
+            std::cout << Table(rows);
             return kExitOk;
           }};
 }

@@ -88,8 +88,13 @@ std::string JobsTable(const std::vector<Job>& jobs, int64_t now_unix_ms) {
                     j.created_unix_ms() > 0 ? FormatDuration((now_unix_ms - j.created_unix_ms()) / 1000.0) : "-",
                     run_s < 0 ? "-" : FormatDuration(run_s), absl::StrCat(j.priority()), j.owner(), gpu});
   }
-  std::vector<size_t> width(rows[0].size(), 0);
+  return Table(rows);
+}
+
+std::string Table(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> width;
   for (const auto& r : rows) {
+    width.resize(std::max(width.size(), r.size()), 0);
     for (size_t c = 0; c < r.size(); ++c) width[c] = std::max(width[c], r[c].size());
   }
   std::string out;

@@ -63,9 +63,9 @@ std::map<std::string, OwnerState> JobManager::OwnersLocked(int64_t now_ms) const
     if (l.gpu_hours > 0) {
       const double used = usage_.GpuHours(name, now_ms - q.window_ms, now_ms);
       if (used >= l.gpu_hours) {
-        o.held = absl::StrFormat("user %s has used %.1f GPU-hours in the last %s, the limit for the user "
+        o.held = absl::StrFormat("user %s has used %.1f %s in the last %s, the limit for the user "
                                  "(gpu-hours=%g): the user's jobs start once older use leaves the window",
-                                 name, used, HoursText(q.window_ms), l.gpu_hours);
+                                 name, used, UsageUnit(), HoursText(q.window_ms), l.gpu_hours);
       }
     }
   }
@@ -151,12 +151,12 @@ void JobManager::AnnotateLocked(Job* job, const QueueView& view) const {
   std::string ahead = absl::StrCat(std::max<int64_t>(spot.position - 1, 0), " job(s) ahead in the queue");
   if (q.half_life_ms > 0 && spot.position > 1) {
     absl::StrAppend(&ahead, " (", spot.ahead_higher_priority, " of higher priority, ", spot.ahead_lower_usage,
-                    " of users with lower recent GPU usage)");
+                    " of users with lower recent ", cfg_.gpus > 0 ? "GPU usage)" : "usage)");
   }
   std::string usage;
   if (q.half_life_ms > 0 || q.For(job->owner()).gpu_hours > 0) {
-    usage = absl::StrFormat("; user %s has %.1f GPU-hours in the last %s", job->owner(),
-                            usage_.GpuHours(job->owner(), now - q.window_ms, now), HoursText(q.window_ms));
+    usage = absl::StrFormat("; user %s has %.1f %s in the last %s", job->owner(),
+                            usage_.GpuHours(job->owner(), now - q.window_ms, now), UsageUnit(), HoursText(q.window_ms));
     if (q.half_life_ms > 0) {
       absl::StrAppendFormat(&usage, " (fair-share usage %.2f, half-life %s)", owner.usage, HoursText(q.half_life_ms));
     }

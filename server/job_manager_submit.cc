@@ -92,9 +92,9 @@ absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::SubmitWith(
     const double used = usage_.GpuHours(owner, now - cfg_.quotas.window_ms, now);
     if (used >= limits.gpu_hours) {
       return absl::ResourceExhaustedError(absl::StrFormat(
-          "user %s has used %.1f GPU-hours in the last %s, the limit for the user (gpu-hours=%g); submit again "
+          "user %s has used %.1f %s in the last %s, the limit for the user (gpu-hours=%g); submit again "
           "once older use has left the window, or ask an admin to raise the limit",
-          owner, used, HoursText(cfg_.quotas.window_ms), limits.gpu_hours));
+          owner, used, UsageUnit(), HoursText(cfg_.quotas.window_ms), limits.gpu_hours));
     }
   }
   Job job;

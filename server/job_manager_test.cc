@@ -15,6 +15,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -1167,6 +1169,29 @@ TEST_F(JobManagerTest, AJobThatCannotFitTheMachineIsRefusedAtSubmit) {
   EXPECT_TRUE(m.Submit(req).ok());
 }
 
+TEST_F(JobManagerTest, TheCpuSlotExportsNoGpuSeries) {
+  auto& m = Make();  // no GPUs: one CPU slot
+  Submit("on-the-cpu");
+  const LaunchRequest l = StartNext();
+  ASSERT_EQ(l.slot, "cpu");
+  ASSERT_TRUE(Step(l, 1).ok());
+  std::set<std::string> kinds, gpu_families;
+  for (const auto& f : metrics_->registry()->Collect()) {
+    for (const auto& series : f.metric) {
+      std::map<std::string, std::string> labels;
+      for (const auto& lp : series.label) labels[lp.name] = lp.value;
+      if (f.name == "ftd_worker_peak_memory_bytes") kinds.insert(labels["kind"]);
+      if (labels["slot"] == "cpu" && (f.name.find("gpu") != std::string::npos || f.name.find("power") != std::string::npos ||
+                                      f.name.find("energy") != std::string::npos || f.name.find("joules") != std::string::npos)) {
+        gpu_families.insert(f.name);
+      }
+    }
+  }
+  EXPECT_EQ(kinds, std::set<std::string>{"host_rss"});
+  EXPECT_TRUE(gpu_families.empty()) << (gpu_families.empty() ? "" : *gpu_families.begin());
+  (void)m;
+}
+
 TEST_F(JobManagerTest, StateGaugeFollowsTransitions) {
   auto& m = Make();
   const std::string a = Submit("a");
@@ -1677,10 +1702,11 @@ TEST_F(SharingTest, GpuHoursOverTheWindowAreRefusedAndHeldUntilTheyLeaveItAcross
   const LaunchRequest l = StartNext();
   clock_.Advance(2 * kHour);
   Succeed(l);
-  // 2 GPU-hours used of 1.5: a new submit is refused; the queued job waits.
+  // 2 hours used of 1.5 (of the CPU slot: this daemon has no GPU, and its messages say so): a new
+  // submit is refused; the queued job waits.
   auto over = SubmitAs("alice", "3");
   ASSERT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted) << over.status();
-  EXPECT_NE(over.status().message().find("user alice has used 2.0 GPU-hours in the last 24 h"), std::string::npos)
+  EXPECT_NE(over.status().message().find("user alice has used 2.0 CPU-slot hours in the last 24 h"), std::string::npos)
       << over.status();
   EXPECT_NE(over.status().message().find("(gpu-hours=1.5)"), std::string::npos) << over.status();
   manager_->Tick();
@@ -1710,9 +1736,9 @@ TEST_F(SharingTest, FairShareStartsTheUserWithLessRecentUsageFirstAndSaysWhy) {
   const std::string a = Id(SubmitAs("alice", "a")), b = Id(SubmitAs("bob", "b"));
   const Job waiting = Get(a);
   EXPECT_EQ(waiting.queue_position(), 2);
-  EXPECT_NE(waiting.message().find("user alice has 3.0 GPU-hours in the last 24 h"), std::string::npos)
+  EXPECT_NE(waiting.message().find("user alice has 3.0 CPU-slot hours in the last 24 h"), std::string::npos)
       << waiting.message();
-  EXPECT_NE(waiting.message().find("1 of users with lower recent GPU usage"), std::string::npos) << waiting.message();
+  EXPECT_NE(waiting.message().find("1 of users with lower recent usage"), std::string::npos) << waiting.message();
   EXPECT_EQ(Get(b).queue_position(), 1);
   // The order holds after a restart (the usage is in the store), and bob starts first.
   Make();

@@ -247,8 +247,8 @@ int main(int argc, char** argv) {
   }
 
   std::cerr << "ftd: serving on unix:" << lc.socket << " (local users), "
-            << (lc.listen.empty() ? std::string("no TCP") : lc.Describe(port)) << ", metrics on "
-            << (metrics_listen.empty() ? "(off)" : metrics_listen) << ", " << manager.slots() << " slot(s) ("
+            << (lc.listen.empty() ? std::string("no TCP") : lc.Describe(port)) << ", "
+            << (metrics_listen.empty() ? std::string("metrics off") : "metrics on " + metrics_listen) << ", " << manager.slots() << " slot(s) ("
             << (mc.gpus > 0 ? "GPU" : "CPU") << "), data in " << data_dir << "; workers: "
             << (cgroups != nullptr ? cgroups->Describe() : "no cgroup")
             << (run_as.has_value() ? absl::StrCat(", as user ", run_as->name, " (uid ", run_as->uid, ")",

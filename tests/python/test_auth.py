@@ -540,6 +540,13 @@ def test_audit_records_every_mutating_call_durably(tmp_path):
         assert "user=carol" in recs[-1]["detail"]
         text = ok(ftctl(d, "admin", "audit", "--user", "carol"))
         assert "CancelJob" in text and "PERMISSION_DENIED" in text and "SubmitJob" not in text
+        # The table's columns line up, the token id (12 characters) and long action names included.
+        table = ok(ftctl(d, "admin", "audit")).splitlines()
+        assert any(tid in row for row in table[1:]), table
+        for column in ("USER", "ACTION", "TARGET", "OUTCOME", "FROM / DETAIL"):
+            at = table[0].index(column)
+            for row in table[1:]:
+                assert row[at - 2:at] == "  " and row[at] != " ", (column, table[0], row)
         assert oct((Path(d.data) / "auth.db").stat().st_mode & 0o777) == "0o600"
     finally:
         d.stop()
