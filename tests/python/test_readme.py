@@ -35,7 +35,7 @@ def installed(tmp_path_factory):
     dynamic = subprocess.run(["readelf", "-d", str(prefix / "bin" / "ftd-worker")], capture_output=True, text=True,
                              check=True).stdout
     runpath = re.search(r"\((?:RUNPATH|RPATH)\).*\[(.*)\]", dynamic).group(1).split(":")
-    assert runpath and all(Path(d).is_dir() for d in runpath), runpath
+    assert runpath and all(d and Path(d).is_dir() for d in runpath), runpath
     torch_lib = next(d for d in runpath if Path(d, "libtorch_cpu.so").exists())
     assert f"ftd-worker loads LibTorch from {torch_lib}" in p.stdout and "breaks the installed ftd-worker" in p.stdout, \
         p.stdout
