@@ -7,25 +7,14 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "spec/closest_match.h"
 
 namespace ftd::client {
 
-namespace {
+using spec::ClosestMatch;
 
-size_t EditDistance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
+namespace {
 
 std::vector<std::string> CommandNames(const CLI::App& app) {
   std::vector<std::string> names;
@@ -46,7 +35,7 @@ std::vector<std::string> FlagNames(const CLI::App& app) {
 // The flags that take a value (their next argument is not a command).
 bool TakesValue(const CLI::App& app, const std::string& flag) {
   for (const CLI::Option* o : app.get_options({})) {
-    if (o->check_name(flag)) return o->get_type_size() != 0;
+    if (o->check_name(flag)) return o->get_expected_max() != 0;  // a flag expects no value
   }
   return false;
 }
@@ -85,7 +74,7 @@ CLI::Validator OneOf(std::vector<std::string> choices, bool to_index) {
         }
         return absl::StrCat("must be one of ", absl::StrJoin(choices, ", "), " (got \"", v, "\")");
       },
-      desc);
+      desc, kOneOfName);
 }
 
 std::string UsageError(const CLI::App& app, const CLI::ParseError& e) {
@@ -99,19 +88,6 @@ std::string UsageError(const CLI::App& app, const CLI::ParseError& e) {
   }
   if (command.empty()) return absl::StrCat(e.what(), "; ftctl --help lists the commands and flags");
   return absl::StrCat(e.what(), "; ftctl ", command, " --help lists the flags");
-}
-
-std::string ClosestMatch(const std::string& typed, const std::vector<std::string>& candidates) {
-  std::string best;
-  size_t best_d = std::max<size_t>(2, typed.size() / 3) + 1;
-  for (const auto& c : candidates) {
-    const size_t d = EditDistance(typed, c);
-    if (d < best_d || (d == best_d && !best.empty() && absl::StartsWith(c, typed))) {
-      best = c;
-      best_d = d;
-    }
-  }
-  return best;
 }
 
 std::string DidYouMean(const CLI::App& app, const std::vector<std::string>& args) {
@@ -160,53 +136,112 @@ std::string Words(const std::vector<std::string>& w) {
   return absl::StrJoin(once, " ");
 }
 
+// What completes the value of `o`: its OneOf choices ("table json yaml"), "@file" for a FILE, else
+// "@none" (a free value: nothing is offered, never the flags).
+std::string ValueWords(CLI::Option* o) {
+  for (int i = 0;; ++i) {
+    CLI::Validator* v = nullptr;
+    try {
+      v = o->get_validator(i);
+    } catch (const CLI::OptionNotFound&) {
+      break;
+    }
+    if (v->get_name() == kOneOfName) return absl::StrJoin(absl::StrSplit(v->get_description(), '|'), " ");
+  }
+  if (absl::StartsWith(o->get_type_name(), "FILE")) return "@file";
+  return "@none";
+}
+
+// Single-quoted for the shell.
+std::string Q(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'') {
+      out += "'\\''";
+    } else {
+      out += c;
+    }
+  }
+  return out + "'";
+}
+
+// The tables of the completion function for the command at `path` ("ftctl", "ftctl admin token"):
+// its subcommands, its flags, the values of its value flags and of its positional argument.
+void Tables(CLI::App& cmd, const std::string& path, std::string* out) {
+  std::vector<std::string> subs, flags;
+  for (CLI::App* sub : cmd.get_subcommands([](CLI::App*) { return true; })) subs.push_back(sub->get_name());
+  std::string positional;
+  for (CLI::Option* o : cmd.get_options([](CLI::Option*) { return true; })) {
+    if (o->get_positional() && o->get_lnames().empty() && o->get_snames().empty()) {
+      if (positional.empty()) positional = ValueWords(o);
+      continue;
+    }
+    const bool value = o->get_expected_max() != 0;  // a flag expects no value
+    for (const auto& l : o->get_lnames()) {
+      flags.push_back("--" + l);
+      if (value) absl::StrAppend(out, "  values[", Q(path + " --" + l), "]=", Q(ValueWords(o)), "\n");
+    }
+    for (const auto& sn : o->get_snames()) {
+      flags.push_back("-" + sn);
+      if (value) absl::StrAppend(out, "  values[", Q(path + " -" + sn), "]=", Q(ValueWords(o)), "\n");
+    }
+  }
+  absl::StrAppend(out, "  subs[", Q(path), "]=", Q(Words(subs)), "\n  flags[", Q(path), "]=", Q(Words(flags)), "\n");
+  if (!positional.empty()) absl::StrAppend(out, "  positionals[", Q(path), "]=", Q(positional), "\n");
+  for (CLI::App* sub : cmd.get_subcommands([](CLI::App*) { return true; })) {
+    Tables(*sub, absl::StrCat(path, " ", sub->get_name()), out);
+  }
+}
+
 }  // namespace
 
-std::string CompletionScript(const CLI::App& app, const std::string& shell) {
-  // Values of the flags that take one of a few words.
-  const std::string values = R"(    case "$prev" in
-      -o|--output) COMPREPLY=($(compgen -W "table json yaml" -- "$cur")); return;;
-      --state) COMPREPLY=($(compgen -W "queued running succeeded failed cancelled" -- "$cur")); return;;
-      --kind) COMPREPLY=($(compgen -W "finetune profile" -- "$cur")); return;;
-      --addr|--timeout|--name|--set|--priority|--request-id|--owner|--max-attempts|--limit|--top) return;;
-      --trace) COMPREPLY=($(compgen -f -- "$cur")); return;;
+std::string CompletionScript(CLI::App& app, const std::string& shell) {
+  std::string tables;
+  Tables(app, "ftctl", &tables);
+  // The words before the cursor are walked from the command down its subcommands; a value flag
+  // takes the next word (or its own after "="). The cursor's word then completes as the value of
+  // the flag before it, as a flag (of the command or a global one), as a subcommand, or as the
+  // command's positional (a choice or a file).
+  return absl::StrCat(R"(# ftctl completion for )", shell, R"(: generated by `ftctl completion )", shell, R"(`.
+)",
+                      shell == "zsh" ? "autoload -U +X bashcompinit && bashcompinit\n" : "", R"(_ftctl() {
+  [[ -n ${ZSH_VERSION-} ]] && setopt localoptions ksharrays
+  local cur=${COMP_WORDS[COMP_CWORD]} path=ftctl word i flag="" v=""
+  local -A subs flags values positionals
+)",
+                      tables, R"(  for ((i = 1; i < COMP_CWORD; i++)); do
+    word=${COMP_WORDS[i]}
+    if [[ -n $flag ]]; then flag=""; continue; fi
+    case $word in
+      -*=*) continue;;
+      -*)
+        if [[ -n ${values["$path $word"]+x} || -n ${values["ftctl $word"]+x} ]]; then flag=$word; fi
+        continue;;
     esac
-)";
-  std::vector<std::string> global = FlagNames(app);
-  std::string cases;
-  for (const CLI::App* sub : app.get_subcommands({})) {
-    std::vector<std::string> flags = FlagNames(*sub);
-    flags.insert(flags.end(), global.begin(), global.end());
-    // submit takes a spec file: complete file names where no flag is being typed.
-    const std::string files = sub->get_name() == "submit" ? R"(; [[ $cur != -* ]] && COMPREPLY+=($(compgen -f -- "$cur")))" : "";
-    absl::StrAppend(&cases, "      ", sub->get_name(), ") COMPREPLY=($(compgen -W \"", Words(flags), "\" -- \"$cur\"))",
-                    files, ";;\n");
-  }
-  std::string script = absl::StrCat(R"(# ftctl completion for )", shell, R"(: generated by `ftctl completion )", shell,
-                                    R"(`.
-_ftctl() {
-  local cur="${COMP_WORDS[COMP_CWORD]}" prev="${COMP_WORDS[COMP_CWORD-1]}" cmd="" i
-  for ((i = 1; i < COMP_CWORD; i++)); do
-    case "${COMP_WORDS[i]}" in
-      --addr|--timeout) ((i++));;
-      -*) ;;
-      *) cmd="${COMP_WORDS[i]}"; break;;
-    esac
+    if [[ " ${subs[$path]-} " == *" $word "* ]]; then path="$path $word"; fi
   done
-)",
-                                    values, R"(  case "$cmd" in
-      "") COMPREPLY=($(compgen -W ")",
-                                    Words(CommandNames(app)), " ", Words(global), R"(" -- "$cur"));;
-)",
-                                    cases, R"(  esac
+  COMPREPLY=()
+  if [[ -n $flag ]]; then
+    v=${values["$path $flag"]-${values["ftctl $flag"]-}}
+  elif [[ $cur == -*=* ]]; then
+    return 0
+  elif [[ $cur == -* ]]; then
+    COMPREPLY=($(compgen -W "${flags[$path]-} ${flags[ftctl]}" -- "$cur"))
+    return 0
+  elif [[ -n ${subs[$path]-} ]]; then
+    v=${subs[$path]}
+  else
+    v=${positionals[$path]-}
+  fi
+  case $v in
+    @file) COMPREPLY=($(compgen -f -- "$cur"));;
+    @none|"") ;;
+    *) COMPREPLY=($(compgen -W "$v" -- "$cur"));;
+  esac
+  return 0
 }
+complete -F _ftctl ftctl
 )");
-  if (shell == "zsh") {
-    return absl::StrCat(R"(autoload -U +X bashcompinit && bashcompinit
-)",
-                        script, "complete -o default -F _ftctl ftctl\n");
-  }
-  return absl::StrCat(script, "complete -o default -F _ftctl ftctl\n");
 }
 
 }  // namespace ftd::client

@@ -9,10 +9,6 @@
 
 namespace ftd::client {
 
-// The candidate closest to `typed` by edit distance, if close enough to be a typo (at most 2 edits,
-// or a third of its length); "" otherwise.
-std::string ClosestMatch(const std::string& typed, const std::vector<std::string>& candidates);
-
 // After a failed parse of `args` (argv without the program name): a hint naming the unknown command
 // or flag and what was probably meant ("unknown command \"lsit\"; did you mean \"list\"?"), or "".
 std::string DidYouMean(const CLI::App& app, const std::vector<std::string>& args);
@@ -32,7 +28,12 @@ CLI::Validator OneOf(std::vector<std::string> choices, bool to_index = false);
 // \"-1\"); ftctl list --help lists the flags" (Usage adds the leading "ftctl: ").
 std::string UsageError(const CLI::App& app, const CLI::ParseError& e);
 
-// A completion script for `shell` ("bash" or "zsh") covering `app`'s commands and their flags.
-std::string CompletionScript(const CLI::App& app, const std::string& shell);
+// The name of OneOf's validators: shell completion offers their choices.
+inline constexpr const char* kOneOfName = "one-of";
+
+// A completion script for `shell` ("bash" or "zsh", through zsh's bashcompinit) made from `app`'s
+// definition: the commands and subcommands, their flags, the choices of a flag's value (OneOf) or
+// file names (an option whose type name is FILE), never flag names where a value is expected.
+std::string CompletionScript(CLI::App& app, const std::string& shell);
 
 }  // namespace ftd::client

@@ -4,8 +4,12 @@
 
 #include <algorithm>
 
+#include "spec/closest_match.h"
+
 namespace ftd::client {
 namespace {
+
+using spec::ClosestMatch;
 
 TEST(ClosestMatch, FindsTyposAndNothingFarOff) {
   const std::vector<std::string> cmds = {"submit", "list", "get", "watch", "cancel", "wait", "profile", "compare"};
@@ -47,16 +51,23 @@ TEST(DidYouMean, NamesTheUnknownCommandOrFlag) {
   EXPECT_NE(DidYouMean(f.app, {"frobnicate"}).find("unknown command \"frobnicate\" (ftctl --help"), std::string::npos);
 }
 
-TEST(Completion, ScriptsNameEveryCommandAndFlag) {
+TEST(Completion, ScriptsHoldEveryCommandFlagAndValue) {
   Fixture f;
+  f.app.get_subcommand("list")->get_option("--state")->check(OneOf({"queued", "running"}));
+  auto* admin = f.app.add_subcommand("admin");
+  admin->add_subcommand("token")->add_option("id", f.state)->type_name("FILE");
   const std::string bash = CompletionScript(f.app, "bash");
-  EXPECT_NE(bash.find("complete -o default -F _ftctl ftctl"), std::string::npos);
-  EXPECT_NE(bash.find("\"list submit --help -h --addr\""), std::string::npos) << bash;
-  EXPECT_NE(bash.find("list) COMPREPLY=($(compgen -W \"--help -h --output -o --state --oldest-first --addr\" -- \"$cur\"));;"),
-            std::string::npos)
-      << bash;
+  EXPECT_NE(bash.find("complete -F _ftctl ftctl"), std::string::npos);
+  EXPECT_NE(bash.find("subs['ftctl']='list submit admin'"), std::string::npos) << bash;
+  EXPECT_NE(bash.find("subs['ftctl admin']='token'"), std::string::npos) << bash;
+  EXPECT_NE(bash.find("flags['ftctl list']='--help -h --output -o --state --oldest-first'"), std::string::npos) << bash;
+  // A value flag's values: its OneOf choices, or nothing (never the flags).
+  EXPECT_NE(bash.find("values['ftctl list --state']='queued running'"), std::string::npos) << bash;
+  EXPECT_NE(bash.find("values['ftctl --addr']='@none'"), std::string::npos) << bash;
+  EXPECT_EQ(bash.find("values['ftctl list --oldest-first']"), std::string::npos) << bash;
+  EXPECT_NE(bash.find("positionals['ftctl admin token']='@file'"), std::string::npos) << bash;
   const std::string zsh = CompletionScript(f.app, "zsh");
-  EXPECT_EQ(zsh.rfind("autoload -U +X bashcompinit && bashcompinit", 0), 0u);
+  EXPECT_NE(zsh.find("autoload -U +X bashcompinit && bashcompinit"), std::string::npos);
 }
 
 TEST(Validators, RefusalsNameTheValueAndWhatIsAllowed) {

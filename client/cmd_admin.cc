@@ -121,14 +121,13 @@ Command AddAdmin(CLI::App& app) {
                 std::cout << Json(*r) << std::endl;
                 return kExitOk;
               }
-              std::cout << absl::StrFormat("%-12s  %-16s  %-5s  %-19s  %-19s  %-19s  %s\n", "ID", "USER", "ROLE", "CREATED",
-                                           "EXPIRES", "REVOKED", "DESCRIPTION");
+              std::vector<std::vector<std::string>> rows = {
+                  {"ID", "USER", "ROLE", "CREATED", "EXPIRES", "REVOKED", "DESCRIPTION"}};
               for (const auto& t : r->tokens()) {
-                std::cout << absl::StrFormat("%-12s  %-16s  %-5s  %-19s  %-19s  %-19s  %s\n", Shown(t.id()),
-                                             Shown(t.user()), RoleName(t.role()), When(t.created_unix_ms()),
-                                             When(t.expires_unix_ms()), When(t.revoked_unix_ms()),
-                                             Shown(t.description()));
+                rows.push_back({Shown(t.id()), Shown(t.user()), RoleName(t.role()), When(t.created_unix_ms()),
+                                When(t.expires_unix_ms()), When(t.revoked_unix_ms()), Shown(t.description())});
               }
+              std::cout << Table(rows);
               return kExitOk;
             }
             if (revoke->parsed()) {
@@ -149,16 +148,17 @@ Command AddAdmin(CLI::App& app) {
               std::cout << Json(*r) << std::endl;
               return kExitOk;
             }
-            std::cout << absl::StrFormat("%-6s  %-19s  %-12s  %-14s  %-10s  %-18s  %s\n", "SEQ", "TIME (UTC)", "USER",
-                                         "ACTION", "TARGET", "OUTCOME", "FROM / DETAIL");
+            // Columns as wide as their widest cell: token ids (12 characters), long user names and
+            // action names do not push the rest out of line.
+            std::vector<std::vector<std::string>> rows = {
+                {"SEQ", "TIME (UTC)", "USER", "ACTION", "TARGET", "OUTCOME", "FROM / DETAIL"}};
             for (const auto& a : r->records()) {
-              std::cout << absl::StrFormat("%-6d  %-19s  %-12s  %-14s  %-10s  %-18s  %s (%s) %s%s\n", a.seq(),
-                                           When(a.unix_ms()), a.user().empty() ? "-" : Shown(a.user()),
-                                           Shown(a.action()),
-                                           a.target().empty() ? "-" : Shown(a.target()), Shown(a.code()),
-                                           Shown(a.peer()), Shown(a.via()), Shown(a.detail()),
-                                           a.message().empty() ? "" : ": " + Shown(a.message()));
+              rows.push_back({absl::StrCat(a.seq()), When(a.unix_ms()), a.user().empty() ? "-" : Shown(a.user()),
+                              Shown(a.action()), a.target().empty() ? "-" : Shown(a.target()), Shown(a.code()),
+                              absl::StrCat(Shown(a.peer()), " (", Shown(a.via()), ") ", Shown(a.detail()),
+                                           a.message().empty() ? "" : ": " + Shown(a.message()))});
             }
+            std::cout << Table(rows);
             return kExitOk;
           }};
 }

@@ -77,7 +77,8 @@ Command AddPrune(CLI::App& app) {
   auto f = std::make_shared<PruneFlags>();
   auto* c = app.add_subcommand("prune", "Delete finished jobs by age and state; prints their ids");
   c->add_option("--older-than", f->older_than, "finished at least this long ago: 7d, 12h, 90m (default: any age)");
-  c->add_option("--state", f->states, "succeeded, failed or cancelled (repeatable; default: all three)");
+  c->add_option("--state", f->states, "only these states (repeatable; default: all three)")
+      ->check(OneOf({"succeeded", "failed", "cancelled"}));
   AddOwnerFilter(c, &f->owner);
   c->add_flag("--dry-run", f->dry_run, "list what would be deleted, delete nothing");
   return {c, [f](Context& ctx) { return RunPrune(*f, ctx); }};

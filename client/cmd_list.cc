@@ -65,7 +65,8 @@ int RunList(const ListFlags& f, Context& ctx) {
 Command AddList(CLI::App& app) {
   auto f = std::make_shared<ListFlags>();
   auto* c = app.add_subcommand("list", "List jobs, newest first");
-  c->add_option("--state", f->states, "only these states (repeatable): queued, running, succeeded, failed, cancelled");
+  c->add_option("--state", f->states, "only these states (repeatable)")
+      ->check(OneOf({"queued", "running", "succeeded", "failed", "cancelled"}));
   AddOwnerFilter(c, &f->owner);
   AddKindFlag(c, &f->kind);
   c->add_option("--name", f->name, "only jobs whose name matches this (a shell pattern: 'sweep-*')");

@@ -114,9 +114,12 @@ Command AddPrepare(CLI::App& app) {
   auto* c = app.add_subcommand("prepare",
                                "Tokenize a spec's JSONL dataset into the prepared-dataset cache here, once, for the jobs "
                                "that use it (runs ftd-worker prepare)");
-  c->add_option("spec", f->spec_path, "TrainSpec file, JSON or YAML, or - for stdin (docs/job-spec.md)")->required();
+  c->add_option("spec", f->spec_path, "TrainSpec file, JSON or YAML, or - for stdin (docs/job-spec.md)")
+      ->required()
+      ->type_name("FILE");
   AddSetFlag(c, &f->sets, "--set data.cache_dir=/data/cache");
-  c->add_option("--worker", f->worker, "the ftd-worker to run (default: $FTD_WORKER, the one beside ftctl, PATH)");
+  c->add_option("--worker", f->worker, "the ftd-worker to run (default: $FTD_WORKER, the one beside ftctl, PATH)")
+      ->type_name("FILE");
   return {c, [f](Context&) { return RunPrepare(*f); }};
 }
 

@@ -54,7 +54,7 @@ Command AddProfile(CLI::App& app) {
   auto f = std::make_shared<ProfileFlags>();
   auto* c = app.add_subcommand("profile", "Show a PROFILE job's per-op table; --trace downloads its trace");
   c->add_option("id", f->id, "job id")->required();
-  c->add_option("--trace", f->trace_path, "write the Chrome/Perfetto trace JSON to this file");
+  c->add_option("--trace", f->trace_path, "write the Chrome/Perfetto trace JSON to this file")->type_name("FILE");
   c->add_option("--top", f->top, "rows of the table (0: all)")->check(WholeNumberAtLeast(0));
   AddOutputFlag(c, &f->output);
   return {c, [f](Context& ctx) { return RunProfile(*f, ctx); }};

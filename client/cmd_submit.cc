@@ -58,6 +58,7 @@ int RunSubmit(const SubmitFlags& f, Context& ctx) {
               << (r->predicted_peak_bytes() > 0 ? FormatBytes(static_cast<uint64_t>(r->predicted_peak_bytes()))
                                                 : std::string("unknown"))
               << "; " << r->placement() << " (nothing was submitted)" << std::endl;
+    for (const auto& n : r->notes()) std::cout << "  " << n << std::endl;
     return kExitOk;
   }
   return Submitted(ctx.client(), ctx.client().Submit(req), f.wait);
@@ -68,7 +69,8 @@ int RunSubmit(const SubmitFlags& f, Context& ctx) {
 Command AddSubmit(CLI::App& app) {
   auto f = std::make_shared<SubmitFlags>();
   auto* c = app.add_subcommand("submit", "Submit a job; prints its id");
-  c->add_option("spec", f->spec_path, "TrainSpec file, JSON or YAML, or - for stdin (docs/job-spec.md)");
+  c->add_option("spec", f->spec_path, "TrainSpec file, JSON or YAML, or - for stdin (docs/job-spec.md)")
+      ->type_name("FILE");
   c->add_flag("--default", f->use_default, "the embedded default job (tiny LLaMA on the arithmetic dataset)");
   AddSetFlag(c, &f->sets, "--set steps=20 --set optimizer.lr=1e-4");
   c->add_option("--name", f->name, "a name for the job");

@@ -5,8 +5,10 @@
 #include "client/context.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -18,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/render.h"
+#include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
 
 namespace ftd::client {
@@ -229,13 +232,90 @@ absl::StatusOr<std::string> ReadToken(const std::string& path, const std::string
 
 }  // namespace
 
+namespace {
+
+// A unix socket at `path`, which the caller owns unless `anyone`: a socket under a directory others
+// may write to could be another user's daemon posing as the caller's.
+bool IsSocket(const fs::path& path, bool anyone = false) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode) && (anyone || st.st_uid == ::getuid());
+}
+
+bool IsDir(const fs::path& p) {
+  std::error_code ec;
+  return fs::is_directory(p, ec);
+}
+
+// "~/x" for a path under $HOME, for shorter messages.
+std::string Tilde(const std::string& path) {
+  const char* h = std::getenv("HOME");
+  if (h != nullptr && *h != '\0' && absl::StartsWith(path, std::string(h) + "/")) return "~" + path.substr(strlen(h));
+  return path;
+}
+
+}  // namespace
+
+LocalDaemon FindLocalDaemon() {
+  LocalDaemon l;
+  const auto found = [&](const std::string& socket, const std::string& source, bool anyone = false) {
+    l.looked.push_back(socket);
+    if (l.address.empty() && IsSocket(socket, anyone)) {
+      l.address = absl::StrCat("unix:", socket);
+      l.source = source;
+    }
+  };
+  std::error_code ec;
+  const fs::path cwd = fs::current_path(ec);
+  if (!ec) {
+    for (fs::path d = cwd;; d = d.parent_path()) {
+      const bool project = fs::exists(d / kRunScript, ec) && IsDir(d / "runs");
+      if (IsSocket(d / kRunScriptSocket) || project) {
+        l.project = d.string();
+        found((d / kRunScriptSocket).string(), absl::StrCat("scripts/run.sh's ftd in ", d.string(),
+                                                            ", found from the current directory"));
+        break;
+      }
+      if (d == d.root_path() || d.parent_path() == d) break;
+    }
+  }
+  if (l.project.empty()) l.looked.push_back(absl::StrCat(kRunScriptSocket, " in the current directory and its parents"));
+  found(kSystemSocket, "the default: the local ftd of the systemd unit", /*anyone=*/true);  // in root's /run/ftd
+  const std::string data = DefaultDataDir();
+  if (fs::path(data).is_absolute()) found(SocketIn(data), absl::StrCat("ftd's default data directory ", Tilde(data)));
+  return l;
+}
+
+std::string StartHint(const std::string& address, const LocalDaemon& local) {
+  const std::string run_again = local.project.empty()
+      ? ""
+      : absl::StrCat("scripts/run.sh's ftd in ", local.project, " is not running: start it again with ",
+                     (fs::path(local.project) / kRunScript).string(), " --daemon-only (its jobs are in ",
+                     (fs::path(local.project) / kRunScriptDataDir).string(), ")");
+  if (!absl::StartsWith(address, "unix:")) {
+    std::string hint = absl::StrCat("Check that ftd runs there, or give its address with --addr or $FTD_ADDR; to start one there: ftd --listen ",
+                                    address, " &  (over TCP every call needs a token or a client certificate; on this machine its unix socket needs none: docs/security.md)");
+    return run_again.empty() ? hint : absl::StrCat(run_again, ". Or: ", hint);
+  }
+  const fs::path socket = address.substr(5);
+  const fs::path dir = socket.parent_path();
+  // scripts/run.sh's: its own directory layout says which data directory its jobs are in.
+  if (socket.filename() == fs::path(kRunScriptSocket).filename() && dir.filename() == "runs" &&
+      fs::exists(dir.parent_path() / kRunScript)) {
+    return absl::StrCat("scripts/run.sh's ftd is not running: start it again with ",
+                        (dir.parent_path() / kRunScript).string(), " --daemon-only (its jobs are in ",
+                        (dir.parent_path() / kRunScriptDataDir).string(), ")");
+  }
+  std::error_code ec;
+  if (socket.filename() == "ftd.sock" && fs::exists(dir / "ftd.db", ec)) {
+    return absl::StrCat("To start it again on its data directory: ftd --data-dir ", dir.string(), " &");
+  }
+  return absl::StrCat("To start one there: ftd --socket ", socket.string(),
+                      " --data-dir DATA_DIR &  (DATA_DIR: the data directory its jobs are in; ftd --help names the default)");
+}
+
 absl::StatusOr<ClientOptions> ResolveOptions(const GlobalFlags& flags) {
   std::string addr = absl::StrCat("127.0.0.1:", kDefaultPort), source = "the default";
   std::error_code ec;
-  if (fs::exists(kSystemSocket, ec)) {
-    addr = absl::StrCat("unix:", kSystemSocket);
-    source = "the default: the local ftd";
-  }
   auto cfg = LoadConfig(flags.context);
   if (!cfg.ok()) return cfg.status();
   double timeout_s = cfg->timeout_s > 0 ? cfg->timeout_s : 30;
@@ -251,6 +331,13 @@ absl::StatusOr<ClientOptions> ResolveOptions(const GlobalFlags& flags) {
     addr = flags.addr;
     source = "from --addr";
   }
+  // No address given: a local ftd's socket, if one is found (FindLocalDaemon).
+  const bool given = !flags.addr.empty() || !cfg->addr.empty() || (std::getenv("FTD_ADDR") != nullptr && *std::getenv("FTD_ADDR") != '\0');
+  const LocalDaemon local = FindLocalDaemon();
+  if (!given && !local.address.empty()) {
+    addr = local.address;
+    source = local.source;
+  }
   if (flags.timeout_s > 0) timeout_s = flags.timeout_s;
   auto normalized = NormalizeAddress(addr);
   if (!normalized.ok()) {
@@ -260,10 +347,35 @@ absl::StatusOr<ClientOptions> ResolveOptions(const GlobalFlags& flags) {
   opts.address = *normalized;
   opts.address_source = source;
   opts.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
-  opts.tls = cfg->tls;
-  opts.ca_file = cfg->ca_file;
-  opts.cert_file = cfg->cert_file;
-  opts.key_file = cfg->key_file;
+  opts.ca_file = flags.ca_file.empty() ? cfg->ca_file : flags.ca_file;
+  opts.cert_file = flags.cert_file.empty() ? cfg->cert_file : flags.cert_file;
+  opts.key_file = flags.key_file.empty() ? cfg->key_file : flags.key_file;
+  opts.tls = cfg->tls || !opts.ca_file.empty() || !opts.cert_file.empty();
+  if (opts.cert_file.empty() != opts.key_file.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a client certificate needs both its certificate and its key: give ", opts.cert_file.empty() ? "--cert-file" : "--key-file",
+        " too (or cert_file and key_file in the context)"));
+  }
+  // How to start the daemon if it cannot be reached, and, when a call over TCP is refused for lack
+  // of credentials, where this machine's socket is (which needs none).
+  if (!given && local.address.empty()) {
+    opts.start_hint = absl::StrCat(
+        "ftctl looked for a local ftd's socket at ", absl::StrJoin(local.looked, ", ", [](std::string* out, const std::string& p) {
+          absl::StrAppend(out, Tilde(p));
+        }),
+        " and found none. ",
+        local.project.empty() ? "" : absl::StrCat(StartHint("unix:" + (fs::path(local.project) / kRunScriptSocket).string(), local), ". "),
+        "To start one: ftd &  (its data in ", Tilde(DefaultDataDir()),
+        ", where ftctl then finds its socket), or scripts/run.sh --daemon-only in the project directory; or give an "
+        "ftd's address with --addr or $FTD_ADDR");
+  } else {
+    opts.start_hint = StartHint(opts.address, local);
+  }
+  if (!absl::StartsWith(opts.address, "unix:")) {
+    opts.local_hint = local.address.empty()
+        ? absl::StrCat("ftctl found no local ftd's socket (it looked at ", absl::StrJoin(local.looked, ", "), ")")
+        : absl::StrCat("on this machine ftd's unix socket needs neither: --addr ", local.address, " (", local.source, ")");
+  }
   std::string token_file = cfg->token_file, token_source = absl::StrCat("token_file of context ", cfg->context);
   if (const char* e = std::getenv("FTD_TOKEN_FILE"); e != nullptr && *e != '\0') {
     token_file = e;

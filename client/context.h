@@ -7,10 +7,12 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
 #include "client/job_client.h"
+#include "proto/endpoints.h"
 
 namespace ftd::client {
 
@@ -33,17 +35,32 @@ int64_t NowUnixMs();
 
 // The flags every command takes (before or after the command's name).
 struct GlobalFlags {
-  std::string addr;      // empty: $FTD_ADDR, the config file, the local socket, 127.0.0.1:7070
+  std::string addr;      // empty: $FTD_ADDR, the config file, a local socket found (LocalDaemon), 127.0.0.1:7070
   double timeout_s = 0;  // 0: the config file's, else 30
   std::string context;   // a named context of the config file (empty: $FTD_CONTEXT, the file's current_context)
+  // TLS, over the context's: the CA that signed ftd's certificate (turns TLS on), a client
+  // certificate and its key (mutual TLS).
+  std::string ca_file, cert_file, key_file;
 };
 
-// Where a local ftd listens for its users (the systemd unit's RuntimeDirectory): ftctl's default
-// address when that socket exists.
-inline constexpr const char* kSystemSocket = "/run/ftd/ftd.sock";
+// Where ftctl looks for an ftd on this machine when no address is given, in this order, and what
+// it found (a unix socket owned by the caller: another user's could be anyone's daemon):
+//   1. scripts/run.sh's socket (runs/ftd.sock) in the current directory or the nearest parent that
+//      has one: the project directory's daemon;
+//   2. the systemd unit's /run/ftd/ftd.sock;
+//   3. the socket in ftd's default data directory (ftd started with no --data-dir).
+struct LocalDaemon {
+  std::string address;        // "unix:/path" of the first socket found; empty: none
+  std::string source;         // where it came from, for messages
+  std::string project;        // the nearest project directory (scripts/run.sh and runs/), even with no socket
+  std::vector<std::string> looked;  // every place looked at, for messages
+};
+LocalDaemon FindLocalDaemon();
 
-// ftd's default port: an address without one gets it.
-inline constexpr int kDefaultPort = 7070;
+// How to start (again) the ftd that `address` names, for the message of an unreachable daemon: its
+// own data directory for a socket whose directory says which (run.sh's, ftd's default, a data
+// directory holding ftd.db), else the command with what to fill in.
+std::string StartHint(const std::string& address, const LocalDaemon& local);
 
 // A gRPC target from what a user typed: "localhost" -> "localhost:7070", "[::1]" and "::1" ->
 // "[::1]:7070", "host:port" as it is; "unix:/path", "unix-abstract:..." and URIs ("dns:///h:p") pass

@@ -2,8 +2,12 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <utility>
@@ -14,6 +18,14 @@ namespace ftd::client {
 namespace {
 
 namespace fs = std::filesystem;
+
+GlobalFlags Flags(const std::string& addr, double timeout_s, const std::string& context) {
+  GlobalFlags f;
+  f.addr = addr;
+  f.timeout_s = timeout_s;
+  f.context = context;
+  return f;
+}
 
 std::string Norm(const std::string& a) {
   auto r = NormalizeAddress(a);
@@ -56,15 +68,76 @@ class ResolveTest : public ::testing::Test {
     unsetenv("FTD_ADDR");
     unsetenv("FTD_CONTEXT");
     unsetenv("FTD_TOKEN_FILE");
+    // No local daemon to find: a home and a current directory of the test's own.
+    old_cwd_ = std::filesystem::current_path();
+    if (const char* h = getenv("HOME")) old_home_ = h;
+    setenv("HOME", dir_.c_str(), 1);
+    unsetenv("XDG_STATE_HOME");
+    std::filesystem::current_path(dir_);
   }
   void TearDown() override {
     unsetenv("FTCTL_CONFIG");
     unsetenv("FTD_ADDR");
+    std::filesystem::current_path(old_cwd_);
+    setenv("HOME", old_home_.c_str(), 1);
     std::filesystem::remove_all(dir_);
   }
   void WriteConfig(const std::string& text) { std::ofstream(dir_ / "ftctl.json") << text; }
-  std::filesystem::path dir_;
+  std::filesystem::path dir_, old_cwd_;
+  std::string old_home_;
 };
+
+// A listening unix socket at `path`, closed with the returned descriptor.
+int Listen(const fs::path& path) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strncpy(a.sun_path, path.c_str(), sizeof a.sun_path - 1);
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << path;
+  EXPECT_EQ(::listen(fd, 1), 0);
+  return fd;
+}
+
+TEST_F(ResolveTest, ScriptsRunShSocketIsFoundFromTheProjectAndItsStartHintRestartsIt) {
+  const fs::path proj = dir_ / "proj";
+  fs::create_directories(proj / "scripts");
+  fs::create_directories(proj / "runs");
+  fs::create_directories(proj / "sub" / "deeper");
+  std::ofstream(proj / "scripts" / "run.sh") << "#!/bin/sh\n";
+  // Stopped: nothing found, and the hint says how to start run.sh's daemon again.
+  fs::current_path(proj / "sub" / "deeper");
+  auto o = ResolveOptions({});
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->address, "127.0.0.1:7070");
+  EXPECT_NE(o->start_hint.find((proj / "scripts" / "run.sh").string() + " --daemon-only"), std::string::npos)
+      << o->start_hint;
+  EXPECT_NE(o->start_hint.find((proj / "runs" / "ftd-data").string()), std::string::npos) << o->start_hint;
+  // Running: ftctl takes its socket, from the project directory and below it.
+  const int fd = Listen(proj / "runs" / "ftd.sock");
+  o = ResolveOptions({});
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->address, "unix:" + (proj / "runs" / "ftd.sock").string());
+  EXPECT_NE(o->address_source.find("scripts/run.sh"), std::string::npos) << o->address_source;
+  // An address given wins over what was found.
+  setenv("FTD_ADDR", "box", 1);
+  EXPECT_EQ(ResolveOptions({})->address, "box:7070");
+  unsetenv("FTD_ADDR");
+  ::close(fd);
+}
+
+TEST_F(ResolveTest, FtdsDefaultDataDirectorySocketIsFound) {
+  const fs::path data = dir_ / ".local" / "state" / "ftd";
+  fs::create_directories(data);
+  const int fd = Listen(data / "ftd.sock");
+  auto o = ResolveOptions({});
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->address, "unix:" + (data / "ftd.sock").string());
+  ::close(fd);
+  // Over TCP, what to say to an UNAUTHENTICATED call: that socket.
+  o = ResolveOptions(Flags("127.0.0.1:1", 0, ""));
+  ASSERT_TRUE(o.ok());
+  EXPECT_NE(o->local_hint.find("unix:" + (data / "ftd.sock").string()), std::string::npos) << o->local_hint;
+}
 
 TEST_F(ResolveTest, PrecedenceIsFlagThenEnvironmentThenConfigThenDefault) {
   auto o = ResolveOptions({});
@@ -86,7 +159,7 @@ TEST_F(ResolveTest, PrecedenceIsFlagThenEnvironmentThenConfigThenDefault) {
   EXPECT_EQ(o->address, "[::1]:7070");
   EXPECT_EQ(o->address_source, "from $FTD_ADDR");
 
-  o = ResolveOptions({.addr = "localhost", .timeout_s = 1.5, .context = ""});
+  o = ResolveOptions(Flags("localhost", 1.5, ""));
   ASSERT_TRUE(o.ok());
   EXPECT_EQ(o->address, "localhost:7070");
   EXPECT_EQ(o->address_source, "from --addr");
@@ -122,10 +195,10 @@ TEST_F(ResolveTest, ContextsGiveAddressTlsAndTokenAndAreChosenByFlagThenEnvironm
   EXPECT_TRUE(o->tls);
   EXPECT_EQ(o->ca_file, (dir_ / "ca.pem").string());  // relative to the config file
   EXPECT_EQ(o->token, "ftd_0123456789ab_secret");
-  o = ResolveOptions({.addr = "", .timeout_s = 0, .context = "a"});
+  o = ResolveOptions(Flags("", 0, "a"));
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->address, "box-a:7070");
-  o = ResolveOptions({.addr = "", .timeout_s = 0, .context = "c"});
+  o = ResolveOptions(Flags("", 0, "c"));
   ASSERT_FALSE(o.ok());
   EXPECT_NE(o.status().message().find("context \"c\""), std::string::npos) << o.status().message();
   EXPECT_NE(o.status().message().find("a, b"), std::string::npos) << o.status().message();

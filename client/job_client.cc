@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "client/tls_probe.h"
 #include "proto/grpc_status.h"
 
 namespace ftd::client {
@@ -150,23 +151,42 @@ bool JobClient::WaitConnected(Clock::time_point deadline) {
   return false;
 }
 
-absl::Status JobClient::Unreachable(const std::string& why) const {
+absl::Status JobClient::Unreachable(const std::string& why, bool listening) const {
   // Where the handshake failed, a server listens: starting one is no advice.
-  if (why == kTlsFailed) {
+  if (listening || why == kTlsFailed) {
     return absl::UnavailableError(
         absl::StrCat("cannot reach ftd at ", opts_.address, " (", opts_.address_source, "): ", why));
   }
-  return absl::UnavailableError(absl::StrCat(
-      "cannot reach ftd at ", opts_.address, " (", opts_.address_source, "): ", why,
-      ". Check that ftd runs there, or give its address with --addr HOST:PORT or $FTD_ADDR; to start one: ftd --listen ",
-      opts_.address, " &  (or scripts/run.sh)"));
+  const std::string hint = !opts_.start_hint.empty()
+                               ? opts_.start_hint
+                               : absl::StrCat("Check that ftd runs there, or give its address with --addr HOST:PORT or "
+                                              "$FTD_ADDR; to start one: ftd --listen ", opts_.address, " &");
+  return absl::UnavailableError(
+      absl::StrCat("cannot reach ftd at ", opts_.address, " (", opts_.address_source, "): ", why, ". ", hint));
 }
 
 absl::Status JobClient::EnsureContact() {
   if (!setup_.ok()) return setup_;
   if (contacted_) return absl::OkStatus();
   const auto start = Clock::now();
-  if (WaitConnected(start + opts_.connect_timeout)) {
+  const auto deadline = start + opts_.connect_timeout;
+  // Over TCP, the first failed attempt is looked into at once (ProbeTcp): a refused port or a TLS
+  // mistake will not mend in the rest of the wait, and every retry would be one more failed
+  // handshake in ftd's log. Anything else (a daemon still starting) is waited for as before.
+  std::optional<ProbeResult> early;
+  if (!absl::StartsWith(opts_.address, "unix")) {
+    auto state = channel_->GetState(/*try_to_connect=*/true);
+    while (state != GRPC_CHANNEL_READY && state != GRPC_CHANNEL_TRANSIENT_FAILURE && Clock::now() < deadline &&
+           !interrupted_) {
+      channel_->WaitForStateChange(state, std::min(deadline, Clock::now() + std::chrono::milliseconds(100)));
+      state = channel_->GetState(true);
+    }
+    if (state == GRPC_CHANNEL_TRANSIENT_FAILURE && !interrupted_) {
+      early = ProbeTcp(opts_, std::min(opts_.timeout, std::chrono::milliseconds(2000)));
+      if (!early->why.empty()) return Unreachable(early->why, early->listening);
+    }
+  }
+  if (WaitConnected(deadline)) {
     contacted_ = true;
     return absl::OkStatus();
   }
@@ -183,7 +203,13 @@ absl::Status JobClient::EnsureContact() {
     contacted_ = true;  // it answered after all (INVALID_ARGUMENT for the empty id)
     return absl::OkStatus();
   }
-  return Unreachable(ConnectFailure(probe, opts_.connect_timeout));
+  // Over TCP, try the connection directly: it tells a refused port, and a TLS mistake (which gRPC
+  // reports as no answer at all), from a daemon that is not there.
+  const ProbeResult tcp = early.has_value() ? *early : ProbeTcp(opts_, std::min(opts_.timeout, std::chrono::milliseconds(2000)));
+  if (!tcp.why.empty()) return Unreachable(tcp.why, tcp.listening);
+  std::string why = ConnectFailure(probe, opts_.connect_timeout);
+  if (tcp.listening) absl::StrAppend(&why, " (something accepts connections there but gave no gRPC answer: is it ftd?)");
+  return Unreachable(why, tcp.listening);
 }
 
 template <typename Resp, typename Call>
@@ -219,6 +245,10 @@ absl::StatusOr<Resp> JobClient::Unary(Call&& call) {
     return absl::Status(FromGrpc(last).code(),
                         absl::StrCat("no answer from ftd at ", opts_.address, " within ", Seconds(opts_.timeout), " (",
                                      last.error_message(), "); is it still running? (--timeout sets the limit)"));
+  }
+  if (last.error_code() == grpc::StatusCode::UNAUTHENTICATED && opts_.token.empty() && opts_.cert_file.empty() &&
+      !opts_.local_hint.empty()) {
+    return absl::UnauthenticatedError(absl::StrCat(last.error_message(), "; ", opts_.local_hint));
   }
   return FromGrpc(last);
 }

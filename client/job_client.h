@@ -36,6 +36,12 @@ struct ClientOptions {
   // the system's roots); `cert_file`/`key_file` present a client certificate (mutual TLS).
   bool tls = false;
   std::string ca_file, cert_file, key_file;
+  // What the message of an unreachable daemon says to do ("start it again with ..."); empty: how to
+  // start one at `address`.
+  std::string start_hint;
+  // Added to UNAUTHENTICATED over TCP when no credentials were sent: where this machine's unix socket
+  // is, which needs none.
+  std::string local_hint;
   // A bearer token, sent as "authorization: Bearer ..." on every call. Read from a file, never from
   // the command line (it would show in ps); never printed.
   std::string token;
@@ -98,7 +104,9 @@ class JobClient {
   absl::Status AwaitReconnect(std::optional<std::chrono::system_clock::time_point>* lost_since, const std::string& why,
                               const std::string& again,
                               const std::function<void(ConnectionEvent, const std::string&)>& on_connection);
-  absl::Status Unreachable(const std::string& why) const;
+  // UNAVAILABLE naming the address, `why`, and (unless something `listening` there failed the
+  // handshake) how to start ftd.
+  absl::Status Unreachable(const std::string& why, bool listening = false) const;
   template <typename Resp, typename Call>
   absl::StatusOr<Resp> Unary(Call&& call);
   // Adds the call credentials (the token) to a call's context.

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "spec/bytes.h"
 #include "spec/text.h"
 
 namespace ftd::client {
@@ -33,11 +34,7 @@ std::string FormatDuration(double s) {
   return absl::StrFormat("%dh%02dm", t / 3600, (t % 3600) / 60);
 }
 
-std::string FormatBytes(uint64_t b) {
-  const double mib = static_cast<double>(b) / (1 << 20);
-  if (mib < 1024) return absl::StrFormat("%.0f MiB", mib);
-  return absl::StrFormat("%.1f GiB", mib / 1024);
-}
+std::string FormatBytes(uint64_t b) { return spec::FormatBytes(static_cast<double>(b)); }
 
 std::string FormatTimeUtc(int64_t unix_ms) {
   if (unix_ms <= 0) return "-";
@@ -94,8 +91,13 @@ std::string JobsTable(const std::vector<Job>& jobs, int64_t now_unix_ms) {
                     j.created_unix_ms() > 0 ? FormatDuration((now_unix_ms - j.created_unix_ms()) / 1000.0) : "-",
                     run_s < 0 ? "-" : FormatDuration(run_s), absl::StrCat(j.priority()), Shown(j.owner()), gpu});
   }
-  std::vector<size_t> width(rows[0].size(), 0);
+  return Table(rows);
+}
+
+std::string Table(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> width;
   for (const auto& r : rows) {
+    width.resize(std::max(width.size(), r.size()), 0);
     for (size_t c = 0; c < r.size(); ++c) width[c] = std::max(width[c], r[c].size());
   }
   std::string out;

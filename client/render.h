@@ -30,6 +30,9 @@ std::string ToJson(const google::protobuf::Message& m, bool pretty);
 // How long a job has run: started to finished, or to `now_unix_ms` while it runs; < 0 if it never started.
 double JobDurationS(const ftd::v1::Job& job, int64_t now_unix_ms);
 
+// Rows of cells as a table, each column as wide as its widest cell, two spaces between columns.
+std::string Table(const std::vector<std::vector<std::string>>& rows);
+
 // A table: ID NAME STATE REASON KIND STEP LOSS AGE DURATION PRI OWNER, columns sized to their
 // content; AGE and DURATION are as of `now_unix_ms`.
 std::string JobsTable(const std::vector<ftd::v1::Job>& jobs, int64_t now_unix_ms);

@@ -19,6 +19,12 @@ TEST(Render, Durations) {
 TEST(Render, Bytes) {
   EXPECT_EQ(FormatBytes(512ull << 20), "512 MiB");
   EXPECT_EQ(FormatBytes(3ull << 29), "1.5 GiB");
+  // Small sizes keep their digits: a tiny model is not "0 MiB".
+  EXPECT_EQ(FormatBytes(0), "0 B");
+  EXPECT_EQ(FormatBytes(812), "812 B");
+  EXPECT_EQ(FormatBytes(300ull << 10), "300 KiB");
+  EXPECT_EQ(FormatBytes((32ull << 20) / 10), "3.2 MiB");
+  EXPECT_EQ(FormatBytes(48ull << 30), "48.0 GiB");
 }
 
 TEST(Render, StepLineShowsProgressThroughputMemoryAndEta) {

@@ -4,13 +4,23 @@
 # with ftctl and watches it live. On a CPU: the tiny LLaMA on the embedded arithmetic dataset (under
 # a minute); with a GPU: the LLaMA-3.1-8B shape (random init, bf16) at 4 x 2048 tokens.
 # ftd stays up afterwards (in a session of its own, so Ctrl-C here does not reach it) for the
-# README's next commands; the script says how to stop it. Extra arguments go to `ftctl submit`,
-# e.g. scripts/run.sh --set steps=50.
+# README's next commands; the script says where it is and how to stop it. Extra arguments go to
+# `ftctl submit`, e.g. scripts/run.sh --set steps=50.
+#   scripts/run.sh --daemon-only   starts the same ftd (same socket, same data directory, so the same
+#                                  jobs) unless it runs, and submits nothing: the way back after
+#                                  stopping it.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+daemon_only=0
+if [[ ${1-} == --daemon-only ]]; then
+  daemon_only=1
+  shift
+  if (($#)); then echo "run.sh: --daemon-only takes no other arguments (got: $*)" >&2; exit 64; fi
+fi
 bash "$root/scripts/setup.sh" >&2
 bin=${FTD_BUILD_DIR:-$root/build}
 runs="$root/runs"
+data_dir=${FTD_DATA_DIR:-$runs/ftd-data}
 # Clients reach ftd on its unix socket, where ftd knows them by their uid (docs/security.md); its
 # TCP port (FTD_LISTEN) takes tokens.
 export FTD_ADDR=${FTD_ADDR:-unix:$runs/ftd.sock}
@@ -20,21 +30,22 @@ else
   listen=(--listen "$FTD_ADDR")
 fi
 ftctl="$bin/client/ftctl"
-stop_hint=""
+pid_file="$runs/ftd.pid"   # ftd writes it once it serves and removes it when it stops
 if "$ftctl" list --timeout 1 >/dev/null 2>&1; then
   echo "using the ftd already answering on $FTD_ADDR" >&2
 else
   mkdir -p "$runs"
+  rm -f "$pid_file"   # left by an ftd that was killed (SIGKILL): its pid may be another process's now
   log="$runs/ftd.log"
   touch "$log"
   start=$(stat -c %s "$log")
   setsid "$bin/server/ftd" "${listen[@]}" --metrics-listen "${FTD_METRICS_ADDR:-127.0.0.1:7071}" \
-    --data-dir "${FTD_DATA_DIR:-$runs/ftd-data}" </dev/null >>"$log" 2>&1 &
+    --data-dir "$data_dir" --pid-file "$pid_file" </dev/null >>"$log" 2>&1 &
   daemon=$!
   ready=0
   for _ in $(seq 200); do
     if ! kill -0 "$daemon" 2>/dev/null; then break; fi   # it exited: its reason is in the log
-    if "$ftctl" list --timeout 1 >/dev/null 2>&1; then ready=1; break; fi
+    if [ -s "$pid_file" ] && "$ftctl" list --timeout 1 >/dev/null 2>&1; then ready=1; break; fi
     sleep 0.1
   done
   if [ "$ready" != 1 ]; then
@@ -44,9 +55,20 @@ else
     echo "(if another program holds the port, use another: FTD_LISTEN=127.0.0.1:7080 FTD_METRICS_ADDR=127.0.0.1:7081 $0)" >&2
     exit 1
   fi
-  echo "$daemon" >"$runs/ftd.pid"
-  stop_hint="ftd keeps running for the next commands (pid $daemon, log runs/ftd.log, metrics http://${FTD_METRICS_ADDR:-127.0.0.1:7071}/metrics); stop it with: kill \$(cat $runs/ftd.pid); for the next commands: export FTD_ADDR=$FTD_ADDR"
-  echo "ftd started on $FTD_ADDR (log: runs/ftd.log)" >&2
+  echo "ftd started on $FTD_ADDR (pid $daemon, log runs/ftd.log, metrics http://${FTD_METRICS_ADDR:-127.0.0.1:7071}/metrics)" >&2
+fi
+# Where it is and how to come back to it, from this shell or another.
+if [ "$FTD_ADDR" = "unix:$runs/ftd.sock" ]; then
+  reach="ftd: socket $runs/ftd.sock, data in $data_dir; ftctl finds it when run in $root or below (elsewhere: export FTD_ADDR=$FTD_ADDR)"
+else
+  reach="ftd: $FTD_ADDR (for ftctl: export FTD_ADDR=$FTD_ADDR)"
+fi
+if [ -s "$pid_file" ]; then
+  reach="$reach; stop it with: kill \$(cat $pid_file); start it again (the same jobs) with: $root/scripts/run.sh --daemon-only"
+fi
+if [ "$daemon_only" = 1 ]; then
+  echo "$reach" >&2
+  exit 0
 fi
 spec=$(mktemp --suffix=.json)
 trap 'rm -f "$spec"' EXIT
@@ -65,6 +87,6 @@ rc=0
 if [ "$rc" = 130 ]; then
   echo "the job goes on: ftctl watch $id to watch again, ftctl cancel $id to stop it" >&2
 fi
-[ -n "$stop_hint" ] && echo "$stop_hint" >&2
+echo "$reach" >&2
 echo "ftctl is $ftctl; put it on PATH with: cmake --install build --prefix ~/.local (or export PATH=$bin/client:\$PATH)" >&2
 exit "$rc"

@@ -35,7 +35,6 @@ if [ ! -f "$stamp" ] || ! cmp -s "$stamp" scripts/requirements.txt; then
 fi
 
 build=${FTD_BUILD_DIR:-$root/build}
-torch_prefix=$("$venv/bin/python" -c 'import torch; print(torch.utils.cmake_prefix_path)')
 # nvcc (the CUDA toolkit) builds the fused kernels; it is often installed off PATH.
 cmake_flags=()
 if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
@@ -45,9 +44,25 @@ fi
 if ! { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }; then
   cmake_flags+=(-DFTD_BUILD_BENCH=OFF)
 fi
-if [ ! -f "$build/CMakeCache.txt" ]; then
-  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "${cmake_flags[@]}" \
-    -DCMAKE_PREFIX_PATH="$torch_prefix" -DPython3_EXECUTABLE="$venv/bin/python" >/tmp/ftd-configure.log 2>&1 || {
-    cat /tmp/ftd-configure.log >&2; rm -rf "$build"; echo "setup: cmake configure failed (log above)" >&2; exit 1; }
+# A build directory belongs to the source tree it was configured from (CMake records its absolute
+# path): after the clone moved, or build/ was copied from another clone, CMake only fails, or quietly
+# builds the other tree. Such a directory is configured afresh for this one (cmake --fresh: a new
+# cache, the same directory).
+fresh=()
+if [ -f "$build/CMakeCache.txt" ]; then
+  src=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$build/CMakeCache.txt")
+  if ! [ "$src/CMakeLists.txt" -ef "$root/CMakeLists.txt" ]; then
+    echo "setup: $build was configured from ${src:-an unknown source tree}, not from $root (a moved or copied clone); configuring it afresh for $root" >&2
+    fresh=(--fresh)
+  fi
 fi
-cmake --build "$build" -j"$(nproc)"
+if [ ! -f "$build/CMakeCache.txt" ] || ((${#fresh[@]})); then
+  torch_prefix=$("$venv/bin/python" -c 'import torch; print(torch.utils.cmake_prefix_path)')
+  log=$(mktemp)
+  cmake "${fresh[@]}" -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "${cmake_flags[@]}" \
+    -DCMAKE_PREFIX_PATH="$torch_prefix" -DPython3_EXECUTABLE="$venv/bin/python" >"$log" 2>&1 || {
+    cat "$log" >&2; rm -f "$log" "$build/CMakeCache.txt"
+    echo "setup: cmake configure of $build failed (log above)" >&2; exit 1; }
+  rm -f "$log"
+fi
+cmake --build "$build" -j"$(nproc)" || { echo "setup: the build in $build failed (errors above)" >&2; exit 1; }

@@ -11,6 +11,7 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "proto/endpoints.h"
 #include "server/auth.h"
 #include "server/auth_store.h"
 #include "server/clock.h"
@@ -32,12 +33,6 @@ std::string DefaultWorkerBinary() {
   return "ftd-worker";
 }
 
-std::string DefaultDataDir() {
-  if (const char* x = std::getenv("XDG_STATE_HOME"); x != nullptr && *x != '\0') return std::string(x) + "/ftd";
-  if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0') return std::string(h) + "/.local/state/ftd";
-  return "ftd-data";
-}
-
 // `flag: message` as one error, for the line main prints after "ftd: ".
 absl::Status FlagError(const std::string& flag, const absl::Status& st) {
   return absl::InvalidArgumentError(absl::StrCat(flag, ": ", st.message()));
@@ -46,12 +41,14 @@ absl::Status FlagError(const std::string& flag, const absl::Status& st) {
 }  // namespace
 
 void AddDaemonFlags(CLI::App& app, DaemonFlags* f, TokenFlags* t) {
-  f->data_dir = DefaultDataDir();
+  f->data_dir = ftd::DefaultDataDir();
   f->worker = DefaultWorkerBinary();
   app.add_option("--listen", f->listen, "gRPC address for clients (host:port)")->capture_default_str();
   app.add_option("--metrics-listen", f->metrics_listen, "HTTP address of /metrics (empty: off)")->capture_default_str();
   app.add_option("--data-dir", f->data_dir, "SQLite database, worker socket, job logs and checkpoints")->capture_default_str();
   app.add_option("--worker", f->worker, "ftd-worker binary")->capture_default_str();
+  app.add_option("--pid-file", f->pid_file,
+                 "write ftd's pid to this file once it serves, and remove the file when it stops (scripts/run.sh)");
   app.add_option("--gpus", f->gpus, "GPU slots (-1: the CUDA device count; 0: one CPU slot)")->capture_default_str();
   app.add_option("--max-queued", f->max_queued, "queued jobs beyond which SubmitJob answers RESOURCE_EXHAUSTED")
       ->check(CLI::PositiveNumber)->capture_default_str();

@@ -26,6 +26,7 @@ struct DaemonFlags {
   std::string listen = "127.0.0.1:7070", metrics_listen = "127.0.0.1:7071";
   std::string data_dir;  // default: $XDG_STATE_HOME/ftd, ~/.local/state/ftd, or ./ftd-data
   std::string worker;    // default: the ftd-worker beside ftd (or in ../worker/)
+  std::string pid_file;  // written once ftd serves, removed when it stops; empty: none
   std::string restart_policy = "requeue";
   int gpus = -1, max_queued = 1000, max_attempts = 3;
   double grace_s = 10, heartbeat_s = 30, backoff_s = 2, drain_s = 30, progress_s = 600;  // seconds

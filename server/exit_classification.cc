@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "spec/bytes.h"
 
 namespace ftd::server {
 
@@ -25,10 +26,7 @@ const ReasonInfo& Info(Reason r) {
 
 namespace {
 
-std::string Bytes(int64_t b) {
-  const double d = static_cast<double>(b);
-  return d >= (1 << 30) ? absl::StrFormat("%.1f GiB", d / (1 << 30)) : absl::StrFormat("%.0f MiB", d / (1 << 20));
-}
+std::string Bytes(int64_t b) { return ftd::spec::FormatBytes(static_cast<double>(b)); }
 
 bool Matches(const ExitRule& rule, const WorkerEnd& end) {
   switch (rule.asked) {

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/sysmacros.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -14,20 +15,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "spec/bytes.h"
 
 namespace ftd::server {
 
 namespace {
 
-std::string Bytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024 && u < 4) {
-    b /= 1024;
-    ++u;
-  }
-  return u == 0 ? absl::StrFormat("%.0f B", b) : absl::StrFormat("%.1f %s", b, units[u]);
-}
+std::string Bytes(double b) { return spec::FormatBytes(b); }
 
 // mountinfo escapes blanks, tabs, newlines and backslashes in paths as octal (\040).
 std::string Unescape(const std::string& s) {
@@ -77,6 +71,24 @@ std::string DescribeFilesystem(const std::string& dir) {
                     Bytes(static_cast<double>(vfs.f_blocks) * static_cast<double>(vfs.f_frsize)), " free");
   }
   return where;
+}
+
+std::optional<std::string> FullDisk(const std::string& dir) {
+  // The nearest directory that exists: the data directory may not be made yet.
+  std::string path = dir;
+  struct statvfs vfs {};
+  while (::statvfs(path.c_str(), &vfs) != 0) {
+    const auto slash = path.find_last_of('/');
+    if (slash == std::string::npos || path == "/") return std::nullopt;
+    path = slash == 0 ? "/" : path.substr(0, slash);
+  }
+  // Root may use the blocks reserved for it; others only the available ones.
+  const double free_bytes = static_cast<double>(::geteuid() == 0 ? vfs.f_bfree : vfs.f_bavail) * vfs.f_frsize;
+  const bool no_inode = vfs.f_files > 0 && (::geteuid() == 0 ? vfs.f_ffree : vfs.f_favail) == 0;
+  if (free_bytes >= kRoomToStart && !no_inode) return std::nullopt;
+  std::string what = DescribeFilesystem(path);
+  if (no_inode) absl::StrAppend(&what, what.empty() ? "" : ", ", "no inode free (no file can be made)");
+  return what;
 }
 
 }  // namespace ftd::server

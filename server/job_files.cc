@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "spec/bytes.h"
 #include "util/dir_tree.h"
 
 namespace ftd::server {
@@ -224,10 +225,9 @@ std::string StepLine(const ftd::v1::StepReport& s) {
 }
 
 std::string CheckpointWriteNote(const ftd::v1::PhaseProgress& p) {
-  constexpr double kGiB = 1 << 30;
-  return absl::StrFormat("writing the checkpoint after step %d: %.1f of %.1f GiB, about %.0fs left", p.step(),
-                         static_cast<double>(p.done_bytes()) / kGiB, static_cast<double>(p.total_bytes()) / kGiB,
-                         std::ceil(p.eta_s()));
+  return absl::StrFormat("writing the checkpoint after step %d: %s of %s, about %.0fs left", p.step(),
+                         spec::FormatBytes(static_cast<double>(p.done_bytes())),
+                         spec::FormatBytes(static_cast<double>(p.total_bytes())), std::ceil(p.eta_s()));
 }
 
 }  // namespace ftd::server

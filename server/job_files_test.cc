@@ -176,7 +176,12 @@ TEST(CheckpointWriteNote, SaysTheBytesAndThePredictedTimeLeft) {
   p.set_done_bytes(int64_t{3} << 29);
   p.set_total_bytes(int64_t{48} << 30);
   p.set_eta_s(41.2);
-  EXPECT_EQ(CheckpointWriteNote(p), "writing the checkpoint after step 120: 1.5 of 48.0 GiB, about 42s left");
+  EXPECT_EQ(CheckpointWriteNote(p), "writing the checkpoint after step 120: 1.5 GiB of 48.0 GiB, about 42s left");
+  // A small model's checkpoint is not "0.0 of 0.0 GiB".
+  p.set_done_bytes(300 << 10);
+  p.set_total_bytes(int64_t{5} << 20);
+  p.set_eta_s(1);
+  EXPECT_EQ(CheckpointWriteNote(p), "writing the checkpoint after step 120: 300 KiB of 5.0 MiB, about 1s left");
 }
 
 TEST(StepLine, SaysTheStepAndItsNumbers) {

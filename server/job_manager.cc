@@ -33,7 +33,7 @@ JobManager::JobManager(ManagerConfig cfg, Store* store, Metrics* metrics, Worker
       }
     }
   } else {
-    slots_.push_back("cpu");
+    slots_.push_back(kCpuSlot);
     slot_gpu_.push_back(-1);
   }
   launcher_->SetExitHandler(

@@ -259,6 +259,8 @@ class JobManager {
   void PublishGaugesLocked();
   void PublishGpusLocked();
   // Where the job would run now, or why it would wait (validate_only).
+  // What usage is counted in, for messages: "GPU-hours", or "CPU-slot hours" on a daemon without GPUs.
+  const char* UsageUnit() const { return cfg_.gpus > 0 ? "GPU-hours" : "CPU-slot hours"; }
   std::string PlacementLocked(const ftd::v1::Job& job) const;
   void Kick();
   void Loop();

@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "server/scheduling_policy.h"
+#include "spec/bytes.h"
 
 namespace ftd::server {
 namespace fs = std::filesystem;
@@ -62,9 +63,9 @@ std::map<std::string, OwnerState> JobManager::OwnersLocked(int64_t now_ms) const
     if (l.gpu_hours > 0) {
       const double used = usage_.GpuHours(name, now_ms - q.window_ms, now_ms);
       if (used >= l.gpu_hours) {
-        o.held = absl::StrFormat("user %s has used %.1f GPU-hours in the last %s, the limit for the user "
+        o.held = absl::StrFormat("user %s has used %.1f %s in the last %s, the limit for the user "
                                  "(gpu-hours=%g): the user's jobs start once older use leaves the window",
-                                 name, used, HoursText(q.window_ms), l.gpu_hours);
+                                 name, used, UsageUnit(), HoursText(q.window_ms), l.gpu_hours);
       }
     }
   }
@@ -97,7 +98,7 @@ JobManager::QueueView JobManager::QueueViewLocked() const {
 
 namespace {
 
-std::string GiB(int64_t b) { return absl::StrFormat("%.1f GiB", static_cast<double>(b) / (int64_t{1} << 30)); }
+std::string Size(int64_t b) { return ftd::spec::FormatBytes(static_cast<double>(b)); }
 
 }  // namespace
 
@@ -143,19 +144,19 @@ void JobManager::AnnotateLocked(Job* job, const QueueView& view) const {
       }
     }
     why = absl::StrCat("it fits on no GPU now: predicted peak ",
-                       job->predicted_peak_bytes() > 0 ? GiB(job->predicted_peak_bytes()) : "unknown (a GPU of its own)",
-                       ", the most free on a GPU with a free slot ", GiB(std::max<int64_t>(most, 0)), " (less a margin of ",
-                       GiB(cfg_.gpu_margin_bytes), " when shared); ");
+                       job->predicted_peak_bytes() > 0 ? Size(job->predicted_peak_bytes()) : "unknown (a GPU of its own)",
+                       ", the most free on a GPU with a free slot ", Size(std::max<int64_t>(most, 0)), " (less a margin of ",
+                       Size(cfg_.gpu_margin_bytes), " when shared); ");
   }
   std::string ahead = absl::StrCat(std::max<int64_t>(spot.position - 1, 0), " job(s) ahead in the queue");
   if (q.half_life_ms > 0 && spot.position > 1) {
     absl::StrAppend(&ahead, " (", spot.ahead_higher_priority, " of higher priority, ", spot.ahead_lower_usage,
-                    " of users with lower recent GPU usage)");
+                    " of users with lower recent ", cfg_.gpus > 0 ? "GPU usage)" : "usage)");
   }
   std::string usage;
   if (q.half_life_ms > 0 || q.For(job->owner()).gpu_hours > 0) {
-    usage = absl::StrFormat("; user %s has %.1f GPU-hours in the last %s", job->owner(),
-                            usage_.GpuHours(job->owner(), now - q.window_ms, now), HoursText(q.window_ms));
+    usage = absl::StrFormat("; user %s has %.1f %s in the last %s", job->owner(),
+                            usage_.GpuHours(job->owner(), now - q.window_ms, now), UsageUnit(), HoursText(q.window_ms));
     if (q.half_life_ms > 0) {
       absl::StrAppendFormat(&usage, " (fair-share usage %.2f, half-life %s)", owner.usage, HoursText(q.half_life_ms));
     }
@@ -189,8 +190,8 @@ std::string JobManager::PlacementLocked(const Job& job) const {
   }
   std::string where = best->gpu < 0 ? std::string("the CPU slot") : absl::StrCat("GPU ", best->gpu);
   if (best->gpu >= 0 && best->capacity_bytes > 0) {
-    absl::StrAppend(&where, " (", best->jobs, " job(s) on it, predicted ", GiB(best->used_bytes + std::max<int64_t>(probe.gpu_bytes, 0)),
-                    " of ", GiB(best->capacity_bytes), " in use with this one)");
+    absl::StrAppend(&where, " (", best->jobs, " job(s) on it, predicted ", Size(best->used_bytes + std::max<int64_t>(probe.gpu_bytes, 0)),
+                    " of ", Size(best->capacity_bytes), " in use with this one)");
   }
   return absl::StrCat("it would start on ", where, queued.empty() ? " now" : queued);
 }

@@ -8,11 +8,13 @@
 
 #include <filesystem>
 #include <iostream>
+#include <optional>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "server/exit_classification.h"
+#include "server/input_contents.h"
 #include "server/job_files.h"
 #include "server/log.h"
 #include "server/memory_fit.h"
@@ -21,6 +23,7 @@
 #include "spec/input_files.h"
 #include "spec/message_check.h"
 #include "spec/peak_memory.h"
+#include "spec/sandbox.h"
 #include "spec/spec.h"
 
 namespace ftd::server {
@@ -49,10 +52,12 @@ absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::SubmitWith(
   }
   // The request as a whole (an unknown kind, stray fields), then the spec against this daemon.
   if (auto st = ftd::spec::CheckMessage(req, ""); !st.ok()) return st;
+  std::optional<ftd::spec::Roots> roots;
   if (cfg_.sandbox.enabled()) {
-    auto roots = cfg_.sandbox.RootsFor(req.owner());
-    if (!roots.ok()) return roots.status();
-    if (auto st = ftd::spec::ConfineSpecPaths(*roots, req.mutable_spec()); !st.ok()) return st;
+    auto r = cfg_.sandbox.RootsFor(req.owner());
+    if (!r.ok()) return r.status();
+    if (auto st = ftd::spec::ConfineSpecPaths(*r, req.mutable_spec()); !st.ok()) return st;
+    roots = *std::move(r);
   }
   ftd::spec::Environment env;
   env.name = "this ftd";
@@ -72,9 +77,21 @@ absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::SubmitWith(
     }
   }
   if (auto st = ftd::spec::CheckInputFiles(*config); !st.ok()) return st;
+  // What the files hold: a bad line's reason may quote it, so it is told for the caller's own files
+  // only (docs/security.md).
+  InputContentOptions contents;
+  for (const std::string* p : {&config->data.path, &config->data.eval_path}) {
+    if (roots.has_value() && !p->empty() &&
+        (roots->writable.empty() || !ftd::spec::Beneath(*p, roots->writable))) {
+      contents.may_quote = false;
+    }
+  }
+  std::vector<std::string> notes;
+  if (auto st = CheckInputContents(*config, contents, &notes); !st.ok()) return st;
   const bool gpu = cfg_.gpus > 0 && config->device != "cpu";
   int64_t predicted = 0;
   if (auto model = ModelShape(*config, gpu); model.has_value()) {
+    if (auto st = ftd::spec::CheckSequenceLength(*model, config->seq_len, config->ModelOrigin()); !st.ok()) return st;
     if (auto st = CheckMemoryFit(*model, *config, gpu, cfg_.memory); !st.ok()) return st;
     predicted = static_cast<int64_t>(ftd::spec::PredictPeakMemory(*model, *config, gpu).Peak());
   }
@@ -86,9 +103,9 @@ absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::SubmitWith(
     const double used = usage_.GpuHours(owner, now - cfg_.quotas.window_ms, now);
     if (used >= limits.gpu_hours) {
       return absl::ResourceExhaustedError(absl::StrFormat(
-          "user %s has used %.1f GPU-hours in the last %s, the limit for the user (gpu-hours=%g); submit again "
+          "user %s has used %.1f %s in the last %s, the limit for the user (gpu-hours=%g); submit again "
           "once older use has left the window, or ask an admin to raise the limit",
-          owner, used, HoursText(cfg_.quotas.window_ms), limits.gpu_hours));
+          owner, used, UsageUnit(), HoursText(cfg_.quotas.window_ms), limits.gpu_hours));
     }
   }
   Job job;
@@ -109,6 +126,7 @@ absl::StatusOr<ftd::v1::SubmitJobResponse> JobManager::SubmitWith(
     std::lock_guard<std::mutex> l(mu_);
     resp.set_predicted_peak_bytes(predicted);
     resp.set_placement(PlacementLocked(job));
+    for (auto& n : notes) resp.add_notes(std::move(n));
     *resp.mutable_job() = std::move(job);
     return resp;
   }

@@ -15,6 +15,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -1184,7 +1186,7 @@ TEST_F(JobManagerTest, AJobThatCannotFitTheMachineIsRefusedAtSubmit) {
   req.mutable_spec()->mutable_model()->set_preset("tiny");
   req.mutable_spec()->set_device("cpu");
   // (1e9 is beyond batch_size's static bound, which refuses it first: SubmitRefusesWhatTheParserLetsThrough...)
-  for (auto [batch, seq] : {std::pair{20000, 2048}, std::pair{65'536, 4096}}) {
+  for (auto [batch, seq] : {std::pair{20000, 2048}, std::pair{65'536, 2048}}) {
     req.mutable_spec()->set_batch_size(batch);
     req.mutable_spec()->set_seq_len(seq);
     auto r = m.Submit(req);
@@ -1195,6 +1197,29 @@ TEST_F(JobManagerTest, AJobThatCannotFitTheMachineIsRefusedAtSubmit) {
   req.mutable_spec()->set_batch_size(8);
   req.mutable_spec()->set_seq_len(128);
   EXPECT_TRUE(m.Submit(req).ok());
+}
+
+TEST_F(JobManagerTest, TheCpuSlotExportsNoGpuSeries) {
+  auto& m = Make();  // no GPUs: one CPU slot
+  Submit("on-the-cpu");
+  const LaunchRequest l = StartNext();
+  ASSERT_EQ(l.slot, "cpu");
+  ASSERT_TRUE(Step(l, 1).ok());
+  std::set<std::string> kinds, gpu_families;
+  for (const auto& f : metrics_->registry()->Collect()) {
+    for (const auto& series : f.metric) {
+      std::map<std::string, std::string> labels;
+      for (const auto& lp : series.label) labels[lp.name] = lp.value;
+      if (f.name == "ftd_worker_peak_memory_bytes") kinds.insert(labels["kind"]);
+      if (labels["slot"] == "cpu" && (f.name.find("gpu") != std::string::npos || f.name.find("power") != std::string::npos ||
+                                      f.name.find("energy") != std::string::npos || f.name.find("joules") != std::string::npos)) {
+        gpu_families.insert(f.name);
+      }
+    }
+  }
+  EXPECT_EQ(kinds, std::set<std::string>{"host_rss"});
+  EXPECT_TRUE(gpu_families.empty()) << (gpu_families.empty() ? "" : *gpu_families.begin());
+  (void)m;
 }
 
 TEST_F(JobManagerTest, StateGaugeFollowsTransitions) {
@@ -1322,7 +1347,7 @@ TEST_F(JobManagerTest, ACheckpointWriteShowsInGetWithItsPredictedEndWhichThePost
   for (const auto& e : EventLog(a)) {
     if (e.has_log()) notes.push_back(e.log());
   }
-  EXPECT_EQ(notes, std::vector<std::string>{"writing the checkpoint after step 4: 12.0 of 48.0 GiB, about 26s left"})
+  EXPECT_EQ(notes, std::vector<std::string>{"writing the checkpoint after step 4: 12.0 GiB of 48.0 GiB, about 26s left"})
       << "once per write, from the first report with a prediction";
   // A stop with a checkpoint waits for the predicted end (with a margin), not only the grace period.
   ASSERT_TRUE(m.Cancel(a, "alice", /*checkpoint=*/true).ok());
@@ -1707,10 +1732,11 @@ TEST_F(SharingTest, GpuHoursOverTheWindowAreRefusedAndHeldUntilTheyLeaveItAcross
   const LaunchRequest l = StartNext();
   clock_.Advance(2 * kHour);
   Succeed(l);
-  // 2 GPU-hours used of 1.5: a new submit is refused; the queued job waits.
+  // 2 hours used of 1.5 (of the CPU slot: this daemon has no GPU, and its messages say so): a new
+  // submit is refused; the queued job waits.
   auto over = SubmitAs("alice", "3");
   ASSERT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted) << over.status();
-  EXPECT_NE(over.status().message().find("user alice has used 2.0 GPU-hours in the last 24 h"), std::string::npos)
+  EXPECT_NE(over.status().message().find("user alice has used 2.0 CPU-slot hours in the last 24 h"), std::string::npos)
       << over.status();
   EXPECT_NE(over.status().message().find("(gpu-hours=1.5)"), std::string::npos) << over.status();
   manager_->Tick();
@@ -1740,9 +1766,9 @@ TEST_F(SharingTest, FairShareStartsTheUserWithLessRecentUsageFirstAndSaysWhy) {
   const std::string a = Id(SubmitAs("alice", "a")), b = Id(SubmitAs("bob", "b"));
   const Job waiting = Get(a);
   EXPECT_EQ(waiting.queue_position(), 2);
-  EXPECT_NE(waiting.message().find("user alice has 3.0 GPU-hours in the last 24 h"), std::string::npos)
+  EXPECT_NE(waiting.message().find("user alice has 3.0 CPU-slot hours in the last 24 h"), std::string::npos)
       << waiting.message();
-  EXPECT_NE(waiting.message().find("1 of users with lower recent GPU usage"), std::string::npos) << waiting.message();
+  EXPECT_NE(waiting.message().find("1 of users with lower recent usage"), std::string::npos) << waiting.message();
   EXPECT_EQ(Get(b).queue_position(), 1);
   // The order holds after a restart (the usage is in the store), and bob starts first.
   Make();

@@ -19,19 +19,24 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <optional>
 #include <thread>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "build_commit.h"
 #include "server/admin_service.h"
 #include "server/auth.h"
 #include "server/auth_store.h"
 #include "server/daemon_flags.h"
 #include "server/data_dir.h"
+#include "server/filesystem_info.h"
 #include "server/gpu_probe.h"
+#include "server/handshake_log.h"
 #include "server/job_manager.h"
 #include "server/log.h"
 #include "server/memory_fit.h"
@@ -90,25 +95,27 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
+  // A start-up step that failed on a full disk (the databases' write-ahead logs, the socket, a
+  // directory) is told as one line about the disk, whichever step it was.
+  const auto start_failed = [&](const std::string& message) {
+    if (auto full = ftd::server::FullDisk(data_dir)) {
+      FtdLog() << "cannot start: the disk of the data directory " << data_dir << " is full (" << *full
+               << "): free space there, or give --data-dir a directory on a disk with room";
+    } else {
+      FtdLog() << message;
+    }
+    return 1;
+  };
   std::error_code ec;
   fs::create_directories(fs::path(data_dir) / "jobs", ec);
-  if (ec) {
-    FtdLog() << "cannot create --data-dir " << data_dir << ": " << ec.message();
-    return 1;
-  }
+  if (ec) return start_failed(absl::StrCat("cannot create --data-dir ", data_dir, ": ", ec.message()));
   data_dir = fs::canonical(data_dir).string();
   ftd::server::TightenDataDirModes(data_dir, run_as.has_value());
   if (lc.socket.empty()) lc.socket = (fs::path(data_dir) / "ftd.sock").string();
   auto store = ftd::server::Store::Open((fs::path(data_dir) / "ftd.db").string());
-  if (!store.ok()) {
-    FtdLog() << store.status().message();
-    return 1;
-  }
+  if (!store.ok()) return start_failed(std::string(store.status().message()));
   auto auth_store = ftd::server::AuthStore::Open((fs::path(data_dir) / "auth.db").string());
-  if (!auth_store.ok()) {
-    FtdLog() << auth_store.status().message();
-    return 1;
-  }
+  if (!auth_store.ok()) return start_failed(std::string(auth_store.status().message()));
   ftd::server::Metrics metrics;
   auto process_metrics = std::make_shared<ftd::server::ProcessCollector>(FTD_VERSION, FTD_COMMIT);
   std::unique_ptr<prometheus::Exposer> exposer;
@@ -170,10 +177,7 @@ int main(int argc, char** argv) {
 
   std::atomic<bool> stopping{false};
   auto local = ftd::server::UnixListener::Listen(lc.socket);
-  if (!local.ok()) {
-    FtdLog() << local.status().message();
-    return 1;
-  }
+  if (!local.ok()) return start_failed(std::string(local.status().message()));
   ftd::server::AuthConfig ac;
   ac.admins = {flags.admins.begin(), flags.admins.end()};
   ac.daemon_uid = ::getuid();
@@ -194,6 +198,9 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
+  // A failed TLS handshake on --listen: one line naming the peer, rate-limited (handshake_log.h).
+  ftd::server::InstallHandshakeLog(
+      [](const std::string& line) { ftd::server::WriteLogLine(absl::StripPrefix(line, "ftd: ")); });
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder pub;
   auto creds = lc.Credentials();
@@ -234,10 +241,7 @@ int main(int argc, char** argv) {
   priv.AddListeningPort("unix:" + sock, grpc::InsecureServerCredentials());
   priv.RegisterService(&workers);
   std::unique_ptr<grpc::Server> worker_server = priv.BuildAndStart();
-  if (worker_server == nullptr) {
-    FtdLog() << "cannot listen on unix:" << sock;
-    return 1;
-  }
+  if (worker_server == nullptr) return start_failed(absl::StrCat("cannot listen on unix:", sock));
   // With --workers-as-owner any local user's workers connect (each attempt still proves itself with
   // its token).
   fs::permissions(sock, flags.workers_as_owner ? fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read |
@@ -268,6 +272,19 @@ int main(int argc, char** argv) {
     FtdLog() << st.message();
     return 1;
   }
+  // The pid file says "this ftd serves": written now, removed when it stops (if it is still ours).
+  const std::string pid_text = absl::StrCat(::getpid(), "\n");
+  if (!flags.pid_file.empty()) {
+    ec.clear();
+    const std::string tmp = flags.pid_file + ".tmp";
+    std::ofstream out(tmp);
+    out << pid_text << std::flush;
+    if (!out) ec = std::make_error_code(std::errc::io_error);
+    out.close();
+    if (!ec) fs::rename(tmp, flags.pid_file, ec);
+    if (ec) return start_failed(absl::StrCat("cannot write --pid-file ", flags.pid_file, ": ", ec.message()));
+  }
+
   FtdLog() << "serving on unix:" << lc.socket << " (local users), "
            << (lc.listen.empty() ? std::string("no TCP") : lc.Describe(tcp->port())) << ", at most " << *budget
            << " connections (" << connection_limits.per_peer_limit() << " per peer), metrics on "
@@ -289,6 +306,11 @@ int main(int argc, char** argv) {
   if (tcp != nullptr) tcp->Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   worker_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  if (!flags.pid_file.empty()) {
+    std::ifstream in(flags.pid_file);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (text == pid_text) fs::remove(flags.pid_file, ec);
+  }
   FtdLog() << "stopped";
   return 0;
 }

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "spec/bytes.h"
 #include "spec/peak_memory.h"
 
 namespace ftd::server {
@@ -16,11 +17,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string Bytes(double b) {
-  constexpr double kGiB = 1024.0 * 1024 * 1024;
-  if (b >= 1024 * kGiB) return absl::StrFormat("%.1f TiB", b / kGiB / 1024);
-  return absl::StrFormat("%.1f GiB", b / kGiB);
-}
+std::string Bytes(double b) { return spec::FormatBytes(b); }
 
 // The largest v in [1, hi] with fits(v), or 0 when even 1 does not fit (fits is monotone).
 int32_t LargestFitting(int32_t hi, const std::function<bool(int32_t)>& fits) {

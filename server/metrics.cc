@@ -129,8 +129,11 @@ void Metrics::Step(const std::string& slot, ftd::spec::KernelSet kernel_set, con
   mfu_->Add(l).Set(r.mfu());
   tokens_->Add(l).Increment(static_cast<double>(delta.tokens));
   steps_->Add(l).Increment(static_cast<double>(delta.steps));
-  peak_mem_->Add({{"slot", slot}, {"kind", "gpu_allocated"}}).Set(static_cast<double>(r.peak_mem_allocated_bytes()));
-  peak_mem_->Add({{"slot", slot}, {"kind", "gpu_reserved"}}).Set(static_cast<double>(r.peak_mem_reserved_bytes()));
+  // The CPU slot has no GPU memory to report: its series would only ever read 0.
+  if (slot != kCpuSlot) {
+    peak_mem_->Add({{"slot", slot}, {"kind", "gpu_allocated"}}).Set(static_cast<double>(r.peak_mem_allocated_bytes()));
+    peak_mem_->Add({{"slot", slot}, {"kind", "gpu_reserved"}}).Set(static_cast<double>(r.peak_mem_reserved_bytes()));
+  }
   peak_mem_->Add({{"slot", slot}, {"kind", "host_rss"}}).Set(static_cast<double>(r.peak_rss_bytes()));
   if (r.nvml_available()) {
     energy_->Add(l).Increment(delta.energy_j);

@@ -19,6 +19,9 @@
 
 namespace ftd::server {
 
+// The slot label of a daemon without GPUs (the others are "gpu:N").
+inline constexpr const char* kCpuSlot = "cpu";
+
 // What one attempt's step reports have added to the step, token and energy counters so far. A report
 // may cover several steps (log_every); a resumed attempt starts from the job's last report.
 struct StepTotals {

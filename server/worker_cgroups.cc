@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "spec/bytes.h"
 
 namespace ftd::server {
 namespace fs = std::filesystem;
@@ -61,10 +62,7 @@ int64_t Number(const std::string& text) {
   return absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &v) ? v : 0;
 }
 
-std::string Bytes(int64_t b) {
-  const double d = static_cast<double>(b);
-  return d >= (1 << 30) ? absl::StrFormat("%.1f GiB", d / (1 << 30)) : absl::StrFormat("%.0f MiB", d / (1 << 20));
-}
+std::string Bytes(int64_t b) { return ftd::spec::FormatBytes(static_cast<double>(b)); }
 
 class CgroupFs final : public WorkerCgroups {
  public:

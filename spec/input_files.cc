@@ -8,8 +8,10 @@
 #include <cstdlib>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "nlohmann/json.hpp"
 
 namespace ftd::spec {
 namespace {
@@ -158,6 +160,57 @@ absl::Status CheckInputFiles(const TrainConfig& c) {
     if (auto st = Check(in.field, in.path, in.want, in.output); !st.ok()) return st;
   }
   return absl::OkStatus();
+}
+
+namespace {
+
+// Parses JSON and remembers whether it failed only because the input ended.
+struct JsonSniffer : nlohmann::json_sax<nlohmann::json> {
+  size_t size = 0;
+  bool cut = false;  // the only error: the input ended in the middle of the value
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override { return true; }
+  bool key(string_t&) override { return true; }
+  bool end_object() override { return true; }
+  bool start_array(std::size_t) override { return true; }
+  bool end_array() override { return true; }
+  bool parse_error(std::size_t position, const std::string&, const nlohmann::detail::exception&) override {
+    cut = position >= size;
+    return false;
+  }
+};
+
+}  // namespace
+
+bool LooksLikeJsonLines(absl::string_view prefix, bool whole) {
+  if (absl::StartsWith(prefix, "\xEF\xBB\xBF")) prefix.remove_prefix(3);
+  const size_t b = prefix.find_first_not_of(" \t\r\n");
+  if (b == absl::string_view::npos || prefix[b] != '{') return false;
+  absl::string_view line = prefix.substr(b);
+  const size_t nl = line.find('\n');
+  const bool complete = nl != absl::string_view::npos || whole;
+  if (nl != absl::string_view::npos) line = line.substr(0, nl);
+  JsonSniffer sax;
+  sax.size = line.size();
+  try {
+    if (nlohmann::json::sax_parse(line.begin(), line.end(), &sax)) return true;
+  } catch (const nlohmann::json::exception&) {
+    return false;  // a number out of range: not worth telling apart
+  }
+  return sax.cut && !complete;
+}
+
+absl::Status JsonLinesAsTokensError(absl::string_view field, const std::string& path) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, " ", Quote(path), " holds JSON lines, not token ids (data.format is \"tokens\", the default): set "
+      "data.format to \"text\", \"prompt_completion\" or \"chat\" to tokenize it with the model's tokenizer "
+      "(docs/data-format.md)"));
 }
 
 }  // namespace ftd::spec

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "spec/train_config.h"
 
 namespace ftd::spec {
@@ -49,5 +50,16 @@ struct FileUser {
 // nearest existing directory they may not write. Checked before CheckInputFiles, so that whether a
 // file the user may not reach exists is not told either. Relative paths are left to the worker.
 absl::Status CheckUserMayUse(const TrainConfig& config, const FileUser& user);
+
+// Whether `prefix`, the first bytes of a file (`whole`: all of it), reads as JSON lines: after
+// blanks (and a UTF-8 byte order mark), a JSON object that parses, or parses as far as the prefix
+// goes. A token file (little-endian ids) does not: its bytes are not JSON.
+bool LooksLikeJsonLines(absl::string_view prefix, bool whole);
+
+// How many bytes LooksLikeJsonLines wants to see.
+inline constexpr size_t kJsonSniffBytes = 64 << 10;
+
+// The refusal of a token file (`field`: "spec.data.path") that holds JSON lines: it names data.format.
+absl::Status JsonLinesAsTokensError(absl::string_view field, const std::string& path);
 
 }  // namespace ftd::spec

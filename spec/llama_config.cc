@@ -179,6 +179,16 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(const std::string& json_text) {
   return c;
 }
 
+absl::Status CheckSequenceLength(const LlamaConfig& c, int64_t seq_len, const std::string& source) {
+  if (seq_len <= c.max_position_embeddings) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "spec.seq_len ", seq_len, " is above the model's max_position_embeddings ", c.max_position_embeddings, " (",
+      source, "): it was trained on no position past that, and its RoPE (",
+      c.rope_scaling.type.empty() ? "no scaling" : absl::StrCat(c.rope_scaling.type, " scaling"),
+      ") does not extend it; lower spec.seq_len to at most ", c.max_position_embeddings,
+      " (to train longer rows on purpose, raise max_position_embeddings in the model's config.json)"));
+}
+
 absl::StatusOr<LlamaConfig> LoadLlamaConfig(const std::string& path) {
   std::filesystem::path p(path);
   std::error_code ec;

@@ -39,6 +39,13 @@ struct LlamaConfig {
   std::string ToJson() const;
 };
 
+// Whether a model with `c`'s positions takes rows of `seq_len` tokens: INVALID_ARGUMENT naming
+// spec.seq_len and the largest that fits when seq_len is above max_position_embeddings. Refused, not
+// warned about: the RoPE types ftd runs (none, llama3) do not extend a model past
+// max_position_embeddings (llama3's scaling is what already took it there), so positions beyond it
+// are ones the model never saw. `source` says where the model came from ("its config.json").
+absl::Status CheckSequenceLength(const LlamaConfig& c, int64_t seq_len, const std::string& source);
+
 // Parses config.json text. Accepts both the `rope_theta` + `rope_scaling` keys and the newer
 // `rope_parameters` object.
 absl::StatusOr<LlamaConfig> ParseLlamaConfig(const std::string& json_text);

@@ -46,5 +46,18 @@ TEST(LlamaConfig, EightBPresetHasEightBillionParameters) {
   EXPECT_EQ(c->NumParameters(), 8030261248);
 }
 
+TEST(LlamaConfig, RowsLongerThanTheModelsPositionsAreRefused) {
+  auto c = ParseLlamaConfig(R"({"vocab_size":10,"hidden_size":8,"intermediate_size":12,"num_hidden_layers":1,
+    "num_attention_heads":2,"max_position_embeddings":256})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(CheckSequenceLength(*c, 256, "its config.json").ok());
+  const auto st = CheckSequenceLength(*c, 2048, "its config.json");
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("spec.seq_len 2048 is above the model's max_position_embeddings 256 (its config.json)"),
+            absl::string_view::npos)
+      << st;
+  EXPECT_NE(st.message().find("at most 256"), absl::string_view::npos) << st;
+}
+
 }  // namespace
 }  // namespace ftd::spec

@@ -54,4 +54,18 @@ struct LoraConfig {
 // The LoraTarget a spec name ("q" or "q_proj") stands for.
 std::optional<LoraTarget> ParseLoraTarget(std::string_view name);
 
+// A PEFT adapter's adapter_config.json (`text`, read from `path`) against what ftd trains: a LoRA of
+// one rank and one alpha on whole projections. INVALID_ARGUMENT naming the setting for anything that
+// would make the adapter compute something else than ftd would train and write back: per-module
+// rank_pattern and alpha_pattern, alora_invocation_tokens (activated LoRA), DoRA, biases, some layers
+// only, modules trained beside the adapters, an init that rewrote the base weights (PiSSA, OLoRA,
+// CorDA, LoftQ, LoRA-GA), and a setting this list does not know whose value is not empty, false or
+// null. Values are not quoted (the file may be another user's). Metadata (task_type, revision,
+// peft_version, ...) and init-only settings of an adapter already trained are ignored.
+absl::Status CheckPeftAdapterSettings(const std::string& text, const std::string& path);
+
+// CheckPeftAdapterSettings, then the adapter against spec.lora `cfg`, which must match it: r,
+// lora_alpha, use_rslora and target_modules. The message names both and the field to change.
+absl::Status CheckPeftAdapter(const std::string& text, const std::string& path, const LoraConfig& cfg);
+
 }  // namespace ftd::spec

@@ -1,4 +1,5 @@
 #include "spec/peak_memory.h"
+#include "spec/bytes.h"
 
 #include <algorithm>
 #include <array>
@@ -19,11 +20,9 @@ double PeakMemory::Peak() const {
 }
 
 std::string PeakMemory::ToString() const {
-  return absl::StrFormat(
-      "peak %.1f GiB: weights %.2f GiB, optimizer state %.2f GiB, gradients %.2f GiB, activations %.2f GiB, "
-      "loss head %.2f GiB, other %.2f GiB",
-      Peak() / kGiB, weights / kGiB, optimizer / kGiB, gradients / kGiB, activations / kGiB, head / kGiB,
-      other / kGiB);
+  return absl::StrCat("peak ", FormatBytes(Peak()), ": weights ", FormatBytes(weights), ", optimizer state ",
+                      FormatBytes(optimizer), ", gradients ", FormatBytes(gradients), ", activations ",
+                      FormatBytes(activations), ", loss head ", FormatBytes(head), ", other ", FormatBytes(other));
 }
 
 PeakMemory PredictPeakMemory(const LlamaConfig& m, const TrainConfig& c, bool gpu) {

@@ -197,5 +197,17 @@ TEST(PeakMemory, Fp8SavesTheProjectionInputsInE4M3) {
   EXPECT_DOUBLE_EQ(fused.activations - fp8.activations, 8192.0 * 32 * per_token_layer);
 }
 
+TEST(PeakMemory, ASmallModelIsToldInMiBNotAsZeroGiB) {
+  auto m = PresetLlamaConfig("tiny");
+  ASSERT_TRUE(m.ok());
+  TrainConfig c;
+  c.batch_size = 16;
+  c.seq_len = 64;
+  const std::string text = PredictPeakMemory(*m, c, false).ToString();
+  EXPECT_EQ(text.find("0.0 GiB"), std::string::npos) << text;
+  EXPECT_EQ(text.find("0.00"), std::string::npos) << text;
+  EXPECT_NE(text.find(" MiB"), std::string::npos) << text;
+}
+
 }  // namespace
 }  // namespace ftd::spec

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "spec/closest_match.h"
 #include "spec/message_check.h"
 #include "spec/proto_json.h"
 
@@ -45,10 +46,87 @@ absl::Status CheckJsonSyntax(const std::string& json) {
   return absl::OkStatus();
 }
 
+// Every field of `d` and of the messages below it, by path ("optimizer.lr"), for suggestions.
+void FieldPaths(const google::protobuf::Descriptor* d, const std::string& prefix, std::vector<std::string>* out,
+                int depth = 0) {
+  if (depth > 8) return;
+  for (int i = 0; i < d->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* f = d->field(i);
+    const std::string path = prefix.empty() ? f->name() : absl::StrCat(prefix, ".", f->name());
+    out->push_back(path);
+    if (f->type() == google::protobuf::FieldDescriptor::TYPE_MESSAGE && !f->is_map()) {
+      FieldPaths(f->message_type(), path, out, depth + 1);
+    }
+  }
+}
+
+// What was probably meant by the unknown field `key` of the message `d` at `path` ("spec.optimiser"):
+// the same name elsewhere in the spec ("lr" -> "optimizer.lr"), else the closest field beside it
+// ("batchsize" -> "batch_size", "optimiser" -> "optimizer"), else the closest name anywhere.
+std::string SuggestField(const google::protobuf::Descriptor* d, const std::string& key) {
+  std::vector<std::string> all;
+  FieldPaths(ftd::v1::TrainSpec::descriptor(), "", &all);
+  const auto leaf = [](const std::string& p) { return p.substr(p.rfind('.') == std::string::npos ? 0 : p.rfind('.') + 1); };
+  std::string snake;  // lowerCamelCase typed: compare as snake_case too
+  for (char c : key) {
+    if (std::isupper(static_cast<unsigned char>(c))) {
+      snake += '_';
+      snake += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    } else {
+      snake += c;
+    }
+  }
+  for (const auto& p : all) {
+    if (leaf(p) == snake) return p;
+  }
+  std::vector<std::string> siblings;
+  for (int i = 0; i < d->field_count(); ++i) siblings.push_back(d->field(i)->name());
+  if (auto m = ClosestMatch(snake, siblings); !m.empty()) return m;
+  std::vector<std::string> leaves;
+  for (const auto& p : all) leaves.push_back(leaf(p));
+  const std::string m = ClosestMatch(snake, leaves);
+  if (m.empty()) return "";
+  for (const auto& p : all) {
+    if (leaf(p) == m) return p;
+  }
+  return "";
+}
+
+// Refuses a key that names no field of the message it is in, saying which field was probably meant
+// (protobuf's parser says only "Cannot find field").
+absl::Status CheckFieldNames(const nlohmann::json& j, const google::protobuf::Descriptor* d, const std::string& path) {
+  if (!j.is_object()) return absl::OkStatus();
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const google::protobuf::FieldDescriptor* f = d->FindFieldByName(it.key());
+    for (int i = 0; f == nullptr && i < d->field_count(); ++i) {
+      if (d->field(i)->json_name() == it.key()) f = d->field(i);  // the lowerCamelCase spelling
+    }
+    const std::string at = absl::StrCat(path, ".", it.key());
+    if (f == nullptr) {
+      const std::string m = SuggestField(d, it.key());
+      return absl::InvalidArgumentError(absl::StrCat(at, " is not a field of the spec",
+                                                     m.empty() ? "" : absl::StrCat("; did you mean \"", m, "\"?"),
+                                                     " (docs/job-spec.md lists every field)"));
+    }
+    if (f->type() != google::protobuf::FieldDescriptor::TYPE_MESSAGE || f->is_map()) continue;
+    if (f->is_repeated() && it->is_array()) {
+      for (const auto& e : *it) {
+        if (auto st = CheckFieldNames(e, f->message_type(), at); !st.ok()) return st;
+      }
+    } else if (auto st = CheckFieldNames(*it, f->message_type(), at); !st.ok()) {
+      return st;
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<ftd::v1::TrainSpec> ParseTrainSpecJson(const std::string& json) {
   if (auto st = CheckJsonSyntax(json); !st.ok()) return st;
+  if (auto st = CheckFieldNames(nlohmann::json::parse(json), ftd::v1::TrainSpec::descriptor(), "spec"); !st.ok()) {
+    return st;
+  }
   ftd::v1::TrainSpec spec;
   google::protobuf::util::JsonParseOptions opts;
   opts.ignore_unknown_fields = false;

@@ -35,6 +35,31 @@ TEST(Spec, UnknownFieldsAndBadTypesAreErrorsNamingThem) {
   EXPECT_NE(b.status().message().find("steps"), absl::string_view::npos) << b.status();
 }
 
+TEST(Spec, AMistypedFieldIsNamedWithTheFieldMeant) {
+  // Protobuf's parser said only "Cannot find field"; the names meant are docs/job-spec.md's.
+  const auto hint = [](const std::string& json) { return std::string(ParseTrainSpecJson(json).status().message()); };
+  EXPECT_NE(hint(R"({"batchsize": 3})").find("spec.batchsize is not a field of the spec; did you mean \"batch_size\"?"),
+            std::string::npos)
+      << hint(R"({"batchsize": 3})");
+  EXPECT_NE(hint(R"({"optimiser": {"lr": 1e-4}})").find("spec.optimiser is not a field of the spec; did you mean \"optimizer\"?"),
+            std::string::npos);
+  // A field that lives elsewhere in the spec is named by its path.
+  EXPECT_NE(hint(R"({"lr": 1e-4})").find("did you mean \"optimizer.lr\"?"), std::string::npos) << hint(R"({"lr": 1e-4})");
+  EXPECT_NE(hint(R"({"optimizer": {"learning_rate": 1e-4}})").find("spec.optimizer.learning_rate"), std::string::npos);
+  EXPECT_NE(hint(R"({"data": {"fromat": "chat"}})").find("did you mean \"format\"?"), std::string::npos);
+  EXPECT_NE(hint(R"({"seqLne": 3})").find("did you mean \"seq_len\"?"), std::string::npos) << hint(R"({"seqLne": 3})");
+  // Nothing close: no guess.
+  EXPECT_EQ(hint(R"({"zzzzzzzzzz": 1})").find("did you mean"), std::string::npos);
+  // --set goes through the same check.
+  ftd::v1::TrainSpec spec;
+  const auto st = ApplySetOverride("lr=1e-4", &spec);
+  EXPECT_NE(st.message().find("--set lr=1e-4: spec.lr is not a field of the spec; did you mean \"optimizer.lr\"?"),
+            absl::string_view::npos)
+      << st;
+  // Both spellings of real fields, and map keys, are fields.
+  EXPECT_TRUE(ParseTrainSpecJson(R"({"gradAccumSteps": 2, "kernels": {"rmsnorm": "eager"}, "lora": {"targetModules": ["q"]}})").ok());
+}
+
 TEST(Spec, ASyntaxErrorNamesItsLineAndColumn) {
   auto a = ParseTrainSpecJson("{\n  \"steps\": 7,\n  \"seq_len\": 32,\n}\n");  // trailing comma
   EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument);

@@ -352,4 +352,11 @@ double LearningRate(const OptimizerConfig& opt, const ScheduleConfig& sched, int
   return opt.lr * (sched.min_lr_ratio + (1.0 - sched.min_lr_ratio) * cosine);
 }
 
+std::string TrainConfig::ModelOrigin() const {
+  if (!model.preset.empty()) return "preset " + model.preset;
+  if (!model.config_path.empty()) return "spec.model.config_path";
+  if (!model.weights_path.empty()) return "the config.json of spec.model.weights_path";
+  return "the default model";
+}
+
 }  // namespace ftd::spec

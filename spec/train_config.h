@@ -191,6 +191,9 @@ struct TrainConfig {
   // Checks every field on its own terms (ranges, names, combinations); the message names the field
   // (as in the JSON spec) and the fix. What depends on the machine is CheckEnvironment's.
   absl::Status Validate() const;
+  // Where the model's architecture comes from, for messages: "preset tiny", "spec.model.config_path",
+  // "the config.json of spec.model.weights_path", "the default model".
+  std::string ModelOrigin() const;
   // kernel_set with the per-op overrides applied (call after Validate).
   KernelChoice Kernels() const;
 };

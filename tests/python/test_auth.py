@@ -4,6 +4,7 @@ made here by openssl, who may read and change whose jobs, admin-only calls, and 
 import json
 import os
 import pwd
+import re
 import shutil
 import subprocess
 import tempfile
@@ -385,7 +386,7 @@ def test_tls_token_and_mutual_tls_work_and_wrong_ca_expired_or_plain_are_refused
         p = via_context(wrong, "list")
         assert p.returncode == 3 and "UNAVAILABLE" in p.stderr and "TLS handshake failed" in p.stderr, p.stderr
         # ftd does listen there: the advice is about certificates, not about starting an ftd
-        assert "subjectAltName names the host you connect to" in p.stderr and "to start one" not in p.stderr, p.stderr
+        assert f"does not verify against {pki['other_ca']}" in p.stderr and "to start one" not in p.stderr, p.stderr
         # a client certificate that expired, or from another CA: the handshake fails
         cert, key = pki["expired_dave"]
         old = context_config(tmp_path, d, "old", ca_file=pki["ca"], cert_file=cert, key_file=key)
@@ -395,6 +396,95 @@ def test_tls_token_and_mutual_tls_work_and_wrong_ca_expired_or_plain_are_refused
         denied(via_context(stranger, "list"), "UNAVAILABLE")
         # plain text to a TLS port
         denied(tcp(d, "list", token=token), "UNAVAILABLE")
+    finally:
+        d.stop()
+
+
+def handshake_lines(daemon):
+    return [line for line in daemon.read_log().splitlines() if "TLS handshake" in line]
+
+
+def test_tls_mistakes_are_told_as_handshake_failures_with_what_to_check(tmp_path, pki):
+    """A TLS port talked to in clear, a client certificate from another CA or expired, TLS to a port
+    without it: each is a handshake failure named as such, with what to check and no advice to start
+    a daemon that runs; ftd logs one line per failed handshake naming the peer."""
+    d = tls_daemon(tmp_path, pki)
+    (tmp_path / "plain").mkdir()
+    plain = Daemon(tmp_path / "plain")
+    try:
+        token = make_token(d, "carol")
+
+        def fails(cfg, *words):
+            p = via_context(cfg, "list")
+            assert p.returncode == 3 and "UNAVAILABLE" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+            assert "to start one" not in p.stderr and "no answer" not in p.stderr, p.stderr
+            for w in words:
+                assert w in p.stderr, (w, p.stderr)
+
+        before = len(handshake_lines(d))
+        # A context with no ca_file against the TLS port: ftctl spoke in clear.
+        fails(context_config(tmp_path, d, "noca", token_file=token), "speaks TLS", "--ca-file")
+        # A client certificate from another CA, or expired: ftd refused it.
+        for name in ("stranger", "expired_dave"):
+            cert, key = pki[name]
+            fails(context_config(tmp_path, d, name, ca_file=pki["ca"], cert_file=cert, key_file=key),
+                  "TLS handshake failed", f"refused the client certificate {cert}", "--tls-client-ca")
+        # TLS to a port that does not speak it.
+        fails(context_config(tmp_path, plain, "tls-to-plain", ca_file=pki["ca"], token_file=token),
+              "TLS handshake failed", "does not speak TLS")
+        # ftd's log: one line per failed handshake, with the peer.
+        lines = handshake_lines(d)[before:]
+        assert lines and all(re.search(r"TLS handshake failed with (127\.0\.0\.1|\[::1\]):\d+: ", line) for line in lines), lines
+        assert not [line for line in d.read_log().splitlines() if "ssl_transport_security" in line or "Handshake failed" in line]
+
+        # The CA and the client certificate as flags, with no config file.
+        cert, key = pki["dave"]
+        env = dict(os.environ)
+        for k in ("FTD_TOKEN_FILE", "FTD_ADDR", "FTCTL_CONFIG"):
+            env.pop(k, None)
+        env["FTCTL_CONFIG"] = str(tmp_path / "none.json")
+        (tmp_path / "none.json").write_text("{}")
+        p = subprocess.run([str(FTCTL), "--addr", f"localhost:{d.port}", "--ca-file", str(pki["ca"]), "--cert-file",
+                            str(cert), "--key-file", str(key), "whoami"], capture_output=True, text=True, env=env,
+                           timeout=60)
+        assert p.returncode == 0 and p.stdout.startswith("dave (user) via client certificate CN=dave"), p.stderr
+        p = subprocess.run([str(FTCTL), "--addr", f"localhost:{d.port}", "--ca-file", str(pki["ca"]), "whoami"],
+                           capture_output=True, text=True, env=dict(env, FTD_TOKEN_FILE=str(token)), timeout=60)
+        assert p.returncode == 0 and p.stdout.startswith("carol (user) via token"), p.stderr
+        p = subprocess.run([str(FTCTL), "--addr", f"localhost:{d.port}", "--cert-file", str(cert), "whoami"],
+                           capture_output=True, text=True, env=env, timeout=60)
+        assert p.returncode == 64 and "--key-file" in p.stderr, p.stderr
+    finally:
+        d.stop()
+        plain.stop()
+
+
+def test_failed_handshakes_are_logged_rate_limited(tmp_path, pki):
+    """A client that fails its handshake over and over: ftd logs one line per failure, with the
+    client's address and port, up to a limit (the count of the rest goes with the next line logged,
+    handshake_log_test), so the log stays readable."""
+    d = tls_daemon(tmp_path, pki)
+    try:
+        import socket as so
+        import ssl
+        ctx = ssl.create_default_context(cafile=str(pki["other_ca"]))  # not the CA of ftd's certificate
+        ctx.check_hostname = False
+        ports = []
+        for _ in range(60):
+            with so.create_connection(("127.0.0.1", d.port)) as s, s.dup() as raw:
+                ports.append(s.getsockname()[1])
+                with pytest.raises(ssl.SSLError):
+                    ctx.wrap_socket(s, server_hostname="localhost")
+                # ftd writes its line, then shuts the connection down: the end of the stream says
+                # the line has been written (or left out).
+                raw.settimeout(30)
+                while raw.recv(1024):
+                    pass
+        lines = handshake_lines(d)
+        assert 1 <= len(lines) < len(ports), lines
+        for line in lines:
+            m = re.search(r"TLS handshake failed with 127\.0\.0\.1:(\d+): .*alert unknown ca", line)
+            assert m and int(m.group(1)) in ports, line
     finally:
         d.stop()
 
@@ -483,6 +573,13 @@ def test_audit_records_every_mutating_call_durably(tmp_path):
         assert "user=carol" in recs[-1]["detail"]
         text = ok(ftctl(d, "admin", "audit", "--user", "carol"))
         assert "CancelJob" in text and "PERMISSION_DENIED" in text and "SubmitJob" not in text
+        # The table's columns line up, the token id (12 characters) and long action names included.
+        table = ok(ftctl(d, "admin", "audit")).splitlines()
+        assert any(tid in row for row in table[1:]), table
+        for column in ("USER", "ACTION", "TARGET", "OUTCOME", "FROM / DETAIL"):
+            at = table[0].index(column)
+            for row in table[1:]:
+                assert row[at - 2:at] == "  " and row[at] != " ", (column, table[0], row)
         assert oct((Path(d.data) / "auth.db").stat().st_mode & 0o777) == "0o600"
     finally:
         d.stop()

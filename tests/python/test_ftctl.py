@@ -4,6 +4,7 @@ options, several ids to cancel. Every wait is bounded."""
 import json
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -360,3 +361,62 @@ def test_version_did_you_mean_and_completion():
     assert complete("--addr", "h:1", "get", "-o", "y") == {"yaml"}
     zsh = subprocess.run([str(FTCTL), "completion", "zsh"], capture_output=True, text=True, timeout=10)
     assert zsh.returncode == 0 and "bashcompinit" in zsh.stdout
+
+
+def help_text(*command):
+    p = subprocess.run([str(FTCTL), *command, "--help"], capture_output=True, text=True, timeout=10)
+    assert p.returncode == 0, p.stderr
+    return p.stdout
+
+
+def help_flags(text):
+    """The flags a CLI11 help text lists ("-o,--output" gives both spellings)."""
+    flags = set()
+    for spelled in re.findall(r"^  (-[-\w,]+)", text.split("Options:")[1].split("Subcommands:")[0], re.M):
+        flags.update(spelled.split(","))
+    return flags
+
+
+def help_subcommands(text):
+    return set(re.findall(r"^  ([a-z][\w-]*) ", text.split("Subcommands:")[1], re.M)) if "Subcommands:" in text else set()
+
+
+def test_completion_completes_what_the_cli_takes(tmp_path):
+    """The completion script offers, at each point of a command line, what ftctl's own --help says
+    it takes there: the subcommands, the flags of the command reached (and the global ones), a flag's
+    values where a value is expected (and never flag names there), files where a file is."""
+    script = subprocess.run([str(FTCTL), "completion", "bash"], capture_output=True, text=True, timeout=10).stdout
+    (tmp_path / "job.json").write_text("{}")
+
+    def complete(line):
+        words = line.split(" ")  # the last one is being typed ("" after a space)
+        quoted = " ".join("'" + w + "'" for w in words)
+        out = subprocess.run(["bash", "-c", f'{script}\nCOMP_WORDS=(ftctl {quoted}); COMP_CWORD={len(words)}; _ftctl; '
+                              'printf "%s\\n" "${COMPREPLY[@]}"'], capture_output=True, text=True, timeout=10,
+                             cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+        return set(out.stdout.split())
+
+    top = help_text()
+    global_flags = help_flags(top)
+    # Every command, and the commands below it, walked from the help texts.
+    pending, seen = [[c] for c in help_subcommands(top)], 0
+    while pending:
+        path = pending.pop()
+        text = help_text(*path)
+        subs = help_subcommands(text)
+        assert complete(" ".join(path) + " -") == help_flags(text) | global_flags, path
+        if subs:
+            assert complete(" ".join(path) + " ") == subs, path
+            pending += [path + [s] for s in subs]
+        seen += 1
+    assert seen >= 20
+    # What a user typed and got nothing, or flag names, for.
+    assert complete("--context lab list --st") == {"--state"}
+    assert complete("admin ") == help_subcommands(help_text("admin")) == {"token", "audit"}
+    assert complete("completion ") == {"bash", "zsh"}
+    for line in ("prune --older-than ", "logs j-1 --tail ", "--context ", "--timeout 3 list --limit ", "submit --set "):
+        assert not any(w.startswith("-") for w in complete(line)), line
+    assert complete("list --state s") == {"succeeded"}
+    assert complete("--context lab submit j") == {"job.json"}
+    assert complete("--ca-file j") == {"job.json"}

@@ -131,7 +131,7 @@ def test_a_request_that_does_not_parse_is_invalid_argument_naming_the_field_on_e
 def test_a_job_that_cannot_fit_the_machine_is_refused_at_submit(daemon):
     svc = JobService(grpc.insecure_channel(daemon.addr))
     # batch_size 1e9 is refused by its static bound first (test_service.py).
-    for shape in ({"batch_size": 20000, "seq_len": 2048}, {"batch_size": 65536, "seq_len": 4096}):
+    for shape in ({"batch_size": 20000, "seq_len": 2048}, {"batch_size": 65536, "seq_len": 2048}):
         code, details = refused(lambda: svc.SubmitJob(
             msg("SubmitJobRequest")(spec=spec(dict(TINY, **shape))), timeout=20))
         assert code == grpc.StatusCode.INVALID_ARGUMENT, details

@@ -129,6 +129,13 @@ def test_promtool_checks_config_and_rules_and_runs_the_rule_unit_tests():
     assert f"SUCCESS: {len(alert_rules())} rules found" in out["check rules"]
 
 
+def test_deploy_readme_lists_every_alert():
+    row = next(line for line in (ROOT / "deploy" / "README.md").read_text().splitlines()
+               if line.startswith("| `prometheus/alerts.yml` |"))
+    listed = set(re.findall(r"\bFtd\w+", row))
+    assert listed == {r["alert"] for r in alert_rules()}, sorted(listed ^ {r["alert"] for r in alert_rules()})
+
+
 def test_deploy_files_use_only_catalog_metrics_and_labels():
     cat = catalog()
     cat["up"] = {"job", "instance"}  # Prometheus' own series per scrape target (FtdDown)

@@ -4,6 +4,7 @@ that needs a model directory (/models/...) cannot run on a CPU machine without o
 import os
 import re
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -29,6 +30,15 @@ def installed(tmp_path_factory):
         assert (prefix / "bin" / exe).exists(), exe
     unit = (prefix / "lib" / "systemd" / "system" / "ftd.service").read_text()
     assert f"ExecStart={prefix}/bin/ftd " in unit
+    # The worker's runtime path names only directories that exist (LibTorch's, in this clone's
+    # .venv), and the install says that the worker depends on them.
+    dynamic = subprocess.run(["readelf", "-d", str(prefix / "bin" / "ftd-worker")], capture_output=True, text=True,
+                             check=True).stdout
+    runpath = re.search(r"\((?:RUNPATH|RPATH)\).*\[(.*)\]", dynamic).group(1).split(":")
+    assert runpath and all(d and Path(d).is_dir() for d in runpath), runpath
+    torch_lib = next(d for d in runpath if Path(d, "libtorch_cpu.so").exists())
+    assert f"ftd-worker loads LibTorch from {torch_lib}" in p.stdout and "breaks the installed ftd-worker" in p.stdout, \
+        p.stdout
     return prefix
 
 

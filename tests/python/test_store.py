@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from ftdapi import JobService, enum, msg, spec
-from ftdservice import FTCTL, TINY, Daemon, ftctl, get, submit, wait_for
+from ftdservice import FTCTL, FTD, TINY, Daemon, ftctl, get, submit, wait_for
 
 QUEUED = enum("JobState", "QUEUED")
 
@@ -196,6 +196,53 @@ class KeepFull:
         """Stops topping up and removes the filler."""
         self.stop()
         os.remove(self.path)
+
+
+def start_ftd(tmp_path, data):
+    """ftd started on `data`, as a user starts it; its exit code and stderr once it stops."""
+    p = subprocess.run([str(FTD), "--listen", "", "--metrics-listen", "", "--socket", str(tmp_path / "start.sock"),
+                        "--data-dir", str(data), "--gpus", "0"], capture_output=True, text=True, timeout=60)
+    return p.returncode, p.stderr
+
+
+def test_ftd_on_a_full_disk_does_not_start_and_says_so_in_one_line(tmp_path, small_disk):
+    """Its databases there from an earlier run, no byte left: one line naming the directory, the disk
+    and its free space, not the SQLite statement that failed."""
+    d = Daemon(tmp_path, unix_socket=True)
+    d.stop()
+    fill(small_disk / "filler")
+    rc, err = start_ftd(tmp_path, small_disk)
+    lines = err.strip().splitlines()
+    assert rc != 0 and len(lines) == 1, err
+    assert "cannot start" in lines[0] and str(small_disk) in lines[0] and "is full" in lines[0], lines[0]
+    assert "ftd-test-tmpfs (tmpfs)" in lines[0] and "0 B of" in lines[0] and "free" in lines[0], lines[0]
+    assert "PRAGMA" not in lines[0] and "this write" not in lines[0], lines[0]
+
+
+def test_ftd_where_no_file_can_be_made_does_not_start_and_says_so_in_one_line(tmp_path):
+    """A new data directory on a disk with no inode left: the same one line, not "cannot create"."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,nr_inodes=16", "ftd-test-tmpfs", str(disk)],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs to fill ({p.stderr.strip()}): run as root to test a full disk")
+    try:
+        for i in range(100):
+            try:
+                (disk / f"f{i}").touch()
+            except OSError as e:
+                assert e.errno == 28, e  # ENOSPC: no inode left
+                break
+        else:
+            raise AssertionError("100 files on a tmpfs of 16 inodes")
+        rc, err = start_ftd(tmp_path, disk / "ftd")
+        lines = err.strip().splitlines()
+        assert rc != 0 and len(lines) == 1, err
+        assert "cannot start" in lines[0] and str(disk / "ftd") in lines[0] and "no inode free" in lines[0], lines[0]
+        assert " free" in lines[0] and " of " in lines[0], lines[0]
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
 def test_full_disk_submit_is_resource_exhausted_and_recovers(tmp_path, small_disk):

@@ -3,13 +3,10 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "nlohmann/json.hpp"
 #include "worker/data/strings.h"
 #include "worker/data/utf8.h"
 
 namespace ftd::data {
-
-using json = nlohmann::json;
 
 absl::StatusOr<JsonlKind> JsonlFormat::ParseKind(std::string_view format) {
   if (format == "text") return JsonlKind::kText;
@@ -29,11 +26,6 @@ std::string JsonlFormat::Describe() const {
                           " content_field=", content_field);
   }
   return "";
-}
-
-absl::Status BadLinesError(std::string_view summary) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("spec.data: ", Av(summary), " (fix them, or set data.on_bad_line to \"skip\")"));
 }
 
 uint64_t Corpus::loss_tokens() const {
@@ -65,16 +57,6 @@ bool IsPythonSpace(char32_t c) {
          (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
 }
 
-// The string field `key` of `obj`, or the reason it is not there.
-absl::StatusOr<std::string_view> StringField(const json& obj, const std::string& key, std::string_view what) {
-  auto it = obj.find(key);
-  if (it == obj.end()) return absl::InvalidArgumentError(absl::StrCat(Av(what), "no field \"", key, "\""));
-  if (!it->is_string()) {
-    return absl::InvalidArgumentError(absl::StrCat(Av(what), "field \"", key, "\" is ", it->type_name(), ", not a string"));
-  }
-  return std::string_view(it->get_ref<const std::string&>());
-}
-
 absl::Status Encode(Encoder& enc, std::string_view text, bool special, uint8_t counted, std::vector<uint32_t>* ids,
                     std::vector<uint8_t>* loss) {
   EncodeOptions o;
@@ -99,46 +81,20 @@ absl::Status Eos(const Tokenizer& t, std::vector<uint32_t>* ids, std::vector<uin
   return absl::OkStatus();
 }
 
-absl::Status Chat(Encoder& enc, const json& doc, const JsonlFormat& f, const ChatTokens& ct,
-                  std::vector<uint32_t>* ids, std::vector<uint8_t>* loss) {
-  auto it = doc.find(f.messages_field);
-  if (it == doc.end()) return absl::InvalidArgumentError(absl::StrCat("no field \"", f.messages_field, "\""));
-  if (!it->is_array()) {
-    return absl::InvalidArgumentError(absl::StrCat("field \"", f.messages_field, "\" is ", it->type_name(),
-                                                   ", not a list of messages"));
-  }
-  if (it->empty()) return absl::InvalidArgumentError(absl::StrCat("field \"", f.messages_field, "\" is empty"));
-  // Check every message before encoding any.
-  bool any_assistant = false;
-  std::vector<std::pair<std::string_view, std::string_view>> msgs;
-  for (size_t m = 0; m < it->size(); ++m) {
-    const json& msg = (*it)[m];
-    const std::string where = absl::StrCat("message ", m + 1, ": ");
-    if (!msg.is_object()) return absl::InvalidArgumentError(absl::StrCat(where, "not a JSON object"));
-    auto role = StringField(msg, f.role_field, where);
-    if (!role.ok()) return role.status();
-    if (std::find(std::begin(kChatRoles), std::end(kChatRoles), *role) == std::end(kChatRoles)) {
-      return absl::InvalidArgumentError(absl::StrCat(where, "unknown role \"", Av(*role),
-                                                     "\" (roles: system, user, assistant, tool, ipython)"));
-    }
-    auto content = StringField(msg, f.content_field, where);
-    if (!content.ok()) return content.status();
-    any_assistant |= *role == "assistant";
-    msgs.emplace_back(*role, *content);
-  }
-  if (!any_assistant) return absl::InvalidArgumentError("no assistant message (nothing to train on)");
+absl::Status Chat(Encoder& enc, const spec::JsonlExample& ex, const ChatTokens& ct, std::vector<uint32_t>* ids,
+                  std::vector<uint8_t>* loss) {
   if (enc.tokenizer().bos_id()) Push(*enc.tokenizer().bos_id(), 0, ids, loss);
-  for (const auto& [role, content] : msgs) {
+  for (const auto& [role, content] : ex.messages) {
     const uint8_t counted = role == "assistant" ? 1 : 0;
     // The header is encoded apart from the content so the mask starts exactly at the content; the
     // pieces are the same as the whole message's, since the header ends in "\n\n" and the trimmed
     // content starts with no whitespace (tests/python/test_datasets.py checks this against
     // apply_chat_template).
     Push(ct.start_header, 0, ids, loss);
-    if (auto s = Encode(enc, role, false, 0, ids, loss); !s.ok()) return s;
+    if (auto s = Encode(enc, Sv(role), false, 0, ids, loss); !s.ok()) return s;
     Push(ct.end_header, 0, ids, loss);
     if (auto s = Encode(enc, "\n\n", false, 0, ids, loss); !s.ok()) return s;
-    if (auto s = Encode(enc, StripUnicodeSpace(content), false, counted, ids, loss); !s.ok()) return s;
+    if (auto s = Encode(enc, StripUnicodeSpace(Sv(content)), false, counted, ids, loss); !s.ok()) return s;
     Push(ct.eot, counted, ids, loss);
   }
   return absl::OkStatus();
@@ -172,49 +128,28 @@ std::string_view StripUnicodeSpace(std::string_view s) {
 
 absl::Status TokenizeJsonlLine(Encoder& enc, std::string_view line, const JsonlFormat& f, const ChatTokens* chat,
                                std::vector<uint32_t>* ids, std::vector<uint8_t>* loss) {
-  if (line.find_first_not_of(" \t\r") == std::string_view::npos) return absl::InvalidArgumentError("blank line");
-  json doc;
-  try {
-    doc = json::parse(line);
-  } catch (const json::parse_error&) {
-    return absl::InvalidArgumentError("not valid JSON");  // the parser's message quotes the line
-  }
-  if (!doc.is_object()) return absl::InvalidArgumentError("not a JSON object");
+  auto doc = spec::ParseJsonlLine(Av(line));
+  if (!doc.ok()) return doc.status();
+  auto ex = spec::ReadJsonlExample(*doc, f);
+  if (!ex.ok()) return ex.status();
   const Tokenizer& tok = enc.tokenizer();
   const size_t start = ids->size();
   absl::Status st;
   switch (f.kind) {
-    case JsonlKind::kText: {
-      auto text = StringField(doc, f.text_field, "");
-      if (!text.ok()) return text.status();
-      if (text->empty()) return absl::InvalidArgumentError(absl::StrCat("field \"", f.text_field, "\" is empty"));
-      st = Encode(enc, *text, true, 1, ids, loss);
+    case JsonlKind::kText:
+      st = Encode(enc, Sv(ex->text), true, 1, ids, loss);
       if (st.ok()) st = Eos(tok, ids, loss);
       break;
-    }
-    case JsonlKind::kPromptCompletion: {
-      auto prompt = StringField(doc, f.prompt_field, "");
-      if (!prompt.ok()) return prompt.status();
-      auto completion = StringField(doc, f.completion_field, "");
-      if (!completion.ok()) return completion.status();
-      if (completion->empty()) {
-        return absl::InvalidArgumentError(absl::StrCat("field \"", f.completion_field, "\" is empty"));
-      }
-      st = Encode(enc, *prompt, true, 0, ids, loss);
-      if (st.ok()) st = Encode(enc, *completion, false, 1, ids, loss);
+    case JsonlKind::kPromptCompletion:
+      st = Encode(enc, Sv(ex->prompt), true, 0, ids, loss);
+      if (st.ok()) st = Encode(enc, Sv(ex->completion), false, 1, ids, loss);
       if (st.ok()) st = Eos(tok, ids, loss);
       break;
-    }
-    case JsonlKind::kChat: {
-      st = Chat(enc, doc, f, *chat, ids, loss);
-      if (!st.ok() && absl::IsInvalidArgument(st)) {
-        ids->resize(start);
-        loss->resize(start);
-        return st;
-      }
+    case JsonlKind::kChat:
+      st = Chat(enc, *ex, *chat, ids, loss);
       break;
-    }
   }
+  // A line's mistakes are InvalidArgument (above); what fails in encoding is not the line's.
   if (!st.ok()) return absl::InternalError(st.message());
   if (ids->size() > start) (*loss)[start] = 0;  // nothing in the document predicts its first id
   return absl::OkStatus();
@@ -282,7 +217,7 @@ absl::StatusOr<Corpus> TokenizeJsonl(const Tokenizer& tokenizer, std::string_vie
                                            all.bad_lines_summary.substr(all.bad_lines_summary.find(':')), "; ...");
     }
     if (!format.skip_bad_lines) {
-      return BadLinesError(all.bad_lines_summary);
+      return spec::BadLinesError(Av(all.bad_lines_summary));
     }
   }
   if (all.num_docs() == 0) {

@@ -19,17 +19,17 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "spec/jsonl_example.h"
 #include "worker/data/parallel_encode.h"
 #include "worker/data/tokenizer.h"
 
 namespace ftd::data {
 
-enum class JsonlKind { kText, kPromptCompletion, kChat };
+using spec::JsonlKind;
 
-// The field names come from spec.data (spec/train_config.h holds their defaults).
-struct JsonlFormat {
-  JsonlKind kind = JsonlKind::kText;
-  std::string text_field, prompt_field, completion_field, messages_field, role_field, content_field;
+// The layout (data.format and the field names, from spec.data) and what to do with a bad line. What
+// makes a line bad is spec/jsonl_example.h's, which ftd also applies at submit.
+struct JsonlFormat : spec::JsonlLayout {
   bool skip_bad_lines = false;  // false: any malformed line fails the whole file
 
   // "chat" and so on (data.format); an unknown name is an error.
@@ -62,9 +62,6 @@ inline constexpr std::string_view kLlama3ChatTemplate =
     "{% endif %}{{ content }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
 
-// The chat roles a message may have; loss is counted on "assistant" only.
-inline constexpr std::string_view kChatRoles[] = {"system", "user", "assistant", "tool", "ipython"};
-
 // The special tokens chat rendering needs, looked up once.
 struct ChatTokens {
   uint32_t start_header = 0, end_header = 0, eot = 0;
@@ -83,9 +80,6 @@ absl::StatusOr<Corpus> TokenizeJsonl(const Tokenizer& tokenizer, std::string_vie
 // message is the reason (no line number).
 absl::Status TokenizeJsonlLine(Encoder& encoder, std::string_view line, const JsonlFormat& format,
                                const ChatTokens* chat, std::vector<uint32_t>* ids, std::vector<uint8_t>* loss);
-
-// The refusal of a file with malformed lines (on_bad_line "refuse"), from Corpus::bad_lines_summary.
-absl::Status BadLinesError(std::string_view summary);
 
 // Python's str.strip() of UTF-8 text (Jinja's trim): leading and trailing Unicode whitespace.
 std::string_view StripUnicodeSpace(std::string_view s);

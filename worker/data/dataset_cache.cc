@@ -269,7 +269,7 @@ absl::StatusOr<Prepared> PrepareJsonl(const PrepareRequest& r) {
       if (c.ok()) {
         // The same inputs give the same bad lines; refusing them is not the cache's business.
         if (c->bad_line_count > 0 && !r.format.skip_bad_lines) {
-          return BadLinesError(c->bad_lines_summary);
+          return spec::BadLinesError(Av(c->bad_lines_summary));
         }
         out.corpus = *std::move(c);
         out.reused = true;
@@ -306,7 +306,7 @@ absl::StatusOr<Prepared> PrepareJsonl(const PrepareRequest& r) {
   }
   if (!out.cache_error.empty()) out.dir.clear();
   if (corpus->bad_line_count > 0 && !r.format.skip_bad_lines) {
-    return BadLinesError(corpus->bad_lines_summary);
+    return spec::BadLinesError(Av(corpus->bad_lines_summary));
   }
   out.corpus = *std::move(corpus);
   return out;

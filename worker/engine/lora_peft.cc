@@ -103,43 +103,9 @@ absl::Status LoadPeftAdapter(const std::string& dir, const std::vector<std::pair
     return absl::NotFoundError(absl::StrCat(config_path, " cannot be read (", text.status().message(),
                                             "): not a PEFT adapter directory"));
   }
-  try {
-    json j = json::parse(*text);
-    if (j.value("peft_type", std::string()) != "LORA") {
-      return absl::InvalidArgumentError(absl::StrCat(config_path, ": peft_type is not \"LORA\""));
-    }
-    auto disagree = [&](const char* key, const std::string& theirs, const std::string& ours, const char* field) {
-      return absl::InvalidArgumentError(absl::StrCat(config_path, ": ", key, " is ", theirs, " but spec.lora.", field,
-                                                     " gives ", ours, " (make the spec match the adapter)"));
-    };
-    if (j.at("r").get<int64_t>() != cfg.rank) {
-      return disagree("r", j.at("r").dump(), absl::StrCat(cfg.rank), "rank");
-    }
-    const double alpha = j.value("lora_alpha", 8.0);
-    if (std::abs(alpha - cfg.Alpha()) > 1e-9 * std::max(1.0, std::abs(alpha))) {
-      return disagree("lora_alpha", j.at("lora_alpha").dump(), absl::StrCat(cfg.Alpha()), "alpha");
-    }
-    const bool rslora = j.value("use_rslora", false);
-    if (rslora != cfg.use_rslora) {
-      return disagree("use_rslora", rslora ? "true" : "false", cfg.use_rslora ? "true" : "false", "use_rslora");
-    }
-    if (j.value("use_dora", false)) {
-      return absl::InvalidArgumentError(absl::StrCat(config_path, ": DoRA adapters (use_dora) are not supported"));
-    }
-    std::set<std::string> theirs, ours;
-    const auto& tm = j.at("target_modules");
-    if (!tm.is_array()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(config_path, ": target_modules must be a list of module names (got ", tm.dump(), ")"));
-    }
-    for (const auto& m : tm) theirs.insert(m.get<std::string>());
-    for (const auto& m : ModuleNames(cfg)) ours.insert(m);
-    if (theirs != ours) {
-      return disagree("target_modules", tm.dump(), absl::StrJoin(ours, ", "), "target_modules");
-    }
-  } catch (const json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(config_path, ": ", e.what()));
-  }
+  // The same check ftd makes at submit (spec/lora_config.h): settings ftd does not implement are
+  // refused by name, and the adapter must be the one the spec describes.
+  if (auto st = spec::CheckPeftAdapter(*text, config_path, cfg); !st.ok()) return st;
 
   const std::string weights = (fs::path(dir) / "adapter_model.safetensors").string();
   auto file = SafetensorsFile::Open(weights);
@@ -178,6 +144,7 @@ absl::StatusOr<spec::LoraConfig> LoraConfigFromPeft(const std::string& dir) {
   const std::string path = (fs::path(dir) / "adapter_config.json").string();
   auto text = ReadRegularFile(path, "");
   if (!text.ok()) return text.status();
+  if (auto st = spec::CheckPeftAdapterSettings(*text, path); !st.ok()) return st;
   spec::LoraConfig c;
   c.enabled = true;
   c.adapter_path = dir;

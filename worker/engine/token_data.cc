@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "spec/input_files.h"
 #include "worker/data/dataset_cache.h"
 #include "worker/engine/fs_util.h"
 
@@ -196,6 +197,14 @@ absl::Status TokenData::Load(const DataConfig& cfg, const std::string& path, con
     meter.Finish();
     return absl::OkStatus();
   }
+  // A JSONL file given as a token file (data.format left at "tokens") would train on its bytes as
+  // ids, or fail on the first one above the vocabulary: say what it is (the check ftd makes at submit).
+  std::string head(std::min(size, spec::kJsonSniffBytes), '\0');
+  if (!head.empty()) {
+    const ssize_t n = ::pread(fd->get(), head.data(), head.size(), 0);
+    head.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  }
+  if (spec::LooksLikeJsonLines(head, head.size() == size)) return spec::JsonLinesAsTokensError(field, path);
   elem_size_ = cfg.token_dtype == "uint32" ? 4 : 2;
   if (size % static_cast<size_t>(elem_size_) != 0) {
     // No size, no content: the message may reach a caller who may not read the file.

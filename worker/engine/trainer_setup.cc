@@ -108,6 +108,9 @@ bool TrainingRun::Setup() {
 
   auto mc = ModelConfigFor(cfg_, device_.is_cuda());
   if (!mc.ok()) return Fail(Outcome::kInvalidSpec, std::string(mc.status().message()));
+  if (auto s = spec::CheckSequenceLength(*mc, cfg_.seq_len, cfg_.ModelOrigin()); !s.ok()) {
+    return Fail(Outcome::kInvalidSpec, std::string(s.message()));
+  }
   if (kernels_[KernelOp::kMatmul]) {
     if (auto s = fp8::CheckShapes(*mc); !s.ok()) return Fail(Outcome::kInvalidSpec, std::string(s.message()));
   }
