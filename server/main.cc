@@ -199,8 +199,10 @@ int main(int argc, char** argv) {
     }
   }
   // A failed TLS handshake on --listen: one line naming the peer, rate-limited (handshake_log.h).
-  ftd::server::InstallHandshakeLog(
-      [](const std::string& line) { ftd::server::WriteLogLine(absl::StripPrefix(line, "ftd: ")); });
+  ftd::server::InstallHandshakeLog([](const std::string& line) {
+    const absl::string_view text = absl::StripPrefix(line, "ftd: ");
+    ftd::server::WriteLogLine(std::string_view(text.data(), text.size()));
+  });
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder pub;
   auto creds = lc.Credentials();
