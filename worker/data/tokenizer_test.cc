@@ -304,6 +304,33 @@ TEST(Bpe, BothMergeSpellingsLoadAlike) {
   EXPECT_EQ(Ids(*a, "abc ab xab"), Ids(*b, "abc ab xab"));
 }
 
+// A merges list may name a pair twice (tokenizer.json files edited by hand or merged from two
+// sources do): the later entry wins, with its later rank, as HF's BPE builds its merge map
+// (tokenizers 0.23.3: [a b, b c, a b] encodes "abc" as a + bc, and [b c, a b, b c] as ab + c;
+// tests/python/test_tokenizer.py compares a whole file with duplicates against it).
+TEST(Bpe, ALaterDuplicateMergeWinsWithItsRank) {
+  {
+    auto t = Load(MakeTokenizer({{"a", "b"}, {"b", "c"}, {"a", "b"}}, ByteLevelPre(false)));
+    ASSERT_TRUE(t);
+    const uint32_t ab = 256, bc = 257;
+    EXPECT_EQ(t->model().num_merges(), 2u);
+    EXPECT_EQ(Ids(*t, "abc"), (std::vector<uint32_t>{'a', bc}));  // b+c (rank 1) before a+b (rank 2)
+    EXPECT_EQ(Ids(*t, "ab"), std::vector<uint32_t>{ab});          // still a merge
+    std::vector<uint32_t> scan = Bytes("abcab"), heap = Bytes("abcab");
+    t->model().MergeByScan(&scan);
+    t->model().MergeByHeap(&heap);
+    EXPECT_EQ(scan, (std::vector<uint32_t>{'a', bc, ab}));
+    EXPECT_EQ(heap, scan);
+  }
+  {
+    auto t = Load(MakeTokenizer({{"b", "c"}, {"a", "b"}, {"b", "c"}}, ByteLevelPre(false)));
+    ASSERT_TRUE(t);
+    const uint32_t bc = 256, ab = 257;
+    EXPECT_EQ(Ids(*t, "abc"), (std::vector<uint32_t>{ab, 'c'}));
+    EXPECT_EQ(Ids(*t, "bc"), std::vector<uint32_t>{bc});
+  }
+}
+
 TEST(Bpe, LongPiecesTakeTheHeapAndRoundTrip) {
   auto t = Load(MakeTokenizer({{" ", " "}, {"  ", "  "}, {"a", "a"}}, Llama3Pre()));
   ASSERT_TRUE(t);
