@@ -2073,5 +2073,70 @@ TEST_F(EndingTest, AProfileReachesTheProfileSeriesInSeconds) {
   EXPECT_EQ(Counter("ftd_profile_step_device_seconds", {{"kernel_set", "eager"}}), 0.25);
 }
 
+
+// ftd_job_retries_total{reason}: each way of being retried counts once under its reason and nothing
+// in the completions; ftd_job_submissions_total{kind}: new jobs by kind, not an idempotent retry of a
+// submit nor a validate-only one.
+TEST_F(EndingTest, RetriesCountByReasonAndSubmissionsByKind) {
+  auto& m = Make();
+  const Scrape before = Read();
+  {
+    SCOPED_TRACE("a silent worker");
+    const std::string id = Submit("silent", 0, 3);
+    const LaunchRequest l = StartNext();
+    clock_.Advance(cfg_.heartbeat_timeout_ms);
+    m.Tick();
+    launcher_->Exit(l, Signaled(SIGKILL));
+    ASSERT_EQ(Get(id).state(), ftd::v1::QUEUED);
+    EXPECT_EQ(Counter("ftd_job_retries_total", {{"reason", "lost_heartbeat"}}), 1);
+    ASSERT_TRUE(m.Cancel(id).ok());
+  }
+  {
+    SCOPED_TRACE("a worker that cannot be started");
+    const std::string id = Submit("nospawn", 0, 3);
+    launcher_->fail_next = absl::InternalError("cannot start /nonexistent/ftd-worker");
+    m.Tick();
+    ASSERT_EQ(Get(id).state(), ftd::v1::QUEUED);
+    EXPECT_EQ(Counter("ftd_job_retries_total", {{"reason", "spawn_failed"}}), 1);
+    ASSERT_TRUE(m.Cancel(id).ok());
+  }
+  {
+    SCOPED_TRACE("a worker that exits without a result");
+    const std::string id = Submit("exits", 0, 3);
+    launcher_->Exit(StartNext(), Exited(5));
+    ASSERT_EQ(Get(id).state(), ftd::v1::QUEUED);
+    EXPECT_EQ(Counter("ftd_job_retries_total", {{"reason", "worker_exit"}}), 1);
+    ASSERT_TRUE(m.Cancel(id).ok());
+  }
+  // The three were cancelled while waiting for their retry: three completions, all cancelled.
+  const Scrape after = Read();
+  double completed = 0;
+  for (const auto& [k, v] : after.completions) completed += v - (before.completions.count(k) ? before.completions.at(k) : 0);
+  EXPECT_EQ(completed, 3);
+  EXPECT_EQ(after.completions.at("cancelled/cancelled") -
+                (before.completions.count("cancelled/cancelled") ? before.completions.at("cancelled/cancelled") : 0),
+            3);
+
+  const double finetunes = Counter("ftd_job_submissions_total", {{"kind", "finetune"}});
+  ftd::v1::SubmitJobRequest req;
+  req.set_request_id("r-1");
+  req.mutable_spec()->mutable_model()->set_preset("tiny");
+  req.mutable_spec()->set_device("cpu");
+  ASSERT_TRUE(m.Submit(req).ok());
+  ASSERT_TRUE(m.Submit(req).ok());  // the same request again: the same job
+  EXPECT_EQ(Counter("ftd_job_submissions_total", {{"kind", "finetune"}}), finetunes + 1);
+  ftd::v1::SubmitJobRequest probe = req;
+  probe.set_request_id("");
+  probe.set_validate_only(true);
+  ASSERT_TRUE(m.Submit(probe).ok());
+  EXPECT_EQ(Counter("ftd_job_submissions_total", {{"kind", "finetune"}}), finetunes + 1);
+  ftd::v1::SubmitJobRequest profile = probe;
+  profile.set_validate_only(false);
+  profile.set_kind(ftd::v1::PROFILE);
+  ASSERT_TRUE(m.Submit(profile).ok());
+  EXPECT_EQ(Counter("ftd_job_submissions_total", {{"kind", "profile"}}), 1);
+  EXPECT_EQ(Counter("ftd_job_submissions_total", {{"kind", "finetune"}}), finetunes + 1);
+}
+
 }  // namespace
 }  // namespace ftd::server
