@@ -416,7 +416,9 @@ def ctest_names(build):
         for t in json.loads(p.stdout).get("tests", []):
             names.add(t["name"])
             cmd = t.get("command") or []
-            if cmd and Path(cmd[0]).name == t["name"]:
+            # A gtest's command is its executable (none listed before it is built); a pytest
+            # suite's is Python.
+            if not cmd or Path(cmd[0]).name == t["name"]:
                 units.add(t["name"])
     return names, units
 
