@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include "nlohmann/json.hpp"
+
 namespace ftd::spec {
 namespace {
 
@@ -44,6 +46,23 @@ TEST(LlamaConfig, EightBPresetHasEightBillionParameters) {
   ASSERT_TRUE(c.ok());
   // Meta-Llama-3.1-8B: 8,030,261,248 parameters.
   EXPECT_EQ(c->NumParameters(), 8030261248);
+}
+
+
+// An HF config.json as Windows tools save it (CRLF line ends, a UTF-8 byte-order mark) reads as the
+// plain file.
+TEST(LlamaConfig, CrlfAndAByteOrderMarkReadAsThePlainFile) {
+  const std::string plain = PresetLlamaConfig("tiny")->ToJson();
+  ASSERT_FALSE(plain.empty());
+  auto want = ParseLlamaConfig(plain);
+  ASSERT_TRUE(want.ok()) << want.status();
+  std::string crlf;
+  for (char c : nlohmann::json::parse(plain).dump(2)) crlf += c == '\n' ? std::string("\r\n") : std::string(1, c);
+  for (const std::string& odd : {crlf, "\xEF\xBB\xBF" + plain, "\xEF\xBB\xBF" + crlf}) {
+    auto got = ParseLlamaConfig(odd);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->ToJson(), want->ToJson());
+  }
 }
 
 }  // namespace

@@ -619,5 +619,31 @@ TEST(Progress, RendersAndStaysQuietWithoutATerminal) {
   }
 }
 
+
+// tokenizer.json and tokenizer_config.json pretty-printed with CRLF line ends, or saved with a UTF-8
+// byte-order mark, load as the plain files (same ids, same BOS/EOS). (HF's own loader refuses the
+// mark; accepting it costs nothing.)
+TEST(Tokenizer, CrlfAndAByteOrderMarkLoadAsThePlainFiles) {
+  const json j = MakeTokenizer({{"a", "b"}, {"b", "c"}, {"ab", "c"}}, ByteLevelPre(false),
+                               json::array({Added(259, "<s>"), Added(260, "</s>")}));
+  const std::string config = R"({"bos_token": "<s>", "eos_token": "</s>"})";
+  auto crlf = [](const std::string& s) {
+    std::string out;
+    for (char c : s) out += c == '\n' ? std::string("\r\n") : std::string(1, c);
+    return out;
+  };
+  const std::string bom = "\xEF\xBB\xBF";
+  auto plain = Tokenizer::FromJson(j.dump(), config);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  for (const auto& [tj, tc] : {std::pair{crlf(j.dump(2)), crlf(config)}, {bom + j.dump(), bom + config},
+                               {bom + crlf(j.dump(2)), bom + crlf(config)}}) {
+    auto odd = Tokenizer::FromJson(tj, tc);
+    ASSERT_TRUE(odd.ok()) << odd.status();
+    EXPECT_EQ(Ids(**odd, "abc <s>abcabc</s>"), Ids(**plain, "abc <s>abcabc</s>"));
+    EXPECT_EQ((*odd)->bos_id(), (*plain)->bos_id());
+    EXPECT_EQ((*odd)->eos_id(), (*plain)->eos_id());
+  }
+}
+
 }  // namespace
 }  // namespace ftd::data
