@@ -550,6 +550,10 @@ class Scratch:
             python = cache_value(ROOT / "build", "Python3_EXECUTABLE") or sys.executable
             if prefix is None:
                 prefix = sh([python, "-c", "import torch; print(torch.utils.cmake_prefix_path)"]).stdout.strip()
+            # Paths inside the checkout (its .venv) are taken inside the scratch tree (the same link),
+            # so that the compile commands, relative to base_dir, are the checkout's and ccache hits.
+            prefix, python = (str(self.path / Path(x).relative_to(ROOT)) if Path(x).is_relative_to(ROOT) else x
+                              for x in (prefix, python))
             sh(["cmake", "-S", str(self.path), "-B", str(self.build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
                 "-DFTD_BUILD_BENCH=OFF", "-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache",
                 "-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache", f"-DCMAKE_PREFIX_PATH={prefix}",
