@@ -67,7 +67,9 @@ json YamlToJson(const YAML::Node& node, int64_t& budget, int depth) {
 
 }  // namespace
 
-absl::StatusOr<ftd::v1::TrainSpec> ParseSpecText(const std::string& name, const std::string& text) {
+absl::StatusOr<ftd::v1::TrainSpec> ParseSpecText(const std::string& name, const std::string& with_bom) {
+  // A UTF-8 byte-order mark (editors on Windows write one) is not part of the spec, in either format.
+  const std::string text = absl::StartsWith(with_bom, "\xEF\xBB\xBF") ? with_bom.substr(3) : with_bom;
   if (text.find_first_not_of(" \t\r\n") == std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": the spec is empty (JSON or YAML, docs/job-spec.md)"));
   }

@@ -100,5 +100,38 @@ TEST(SpecInput, DashReadsTheStream) {
   EXPECT_FALSE(ReadSpec("/nonexistent/job.json", none).ok());
 }
 
+
+// Spec files as editors on Windows save them: CRLF line ends and a UTF-8 byte-order mark, in JSON and
+// YAML, named by their extension or read from stdin (detected from the text): the same spec as the
+// plain file. (A JSON file with a mark was refused as "Expected a value"; from stdin it was read as
+// YAML.)
+TEST(SpecInput, CrlfAndAByteOrderMarkReadAsThePlainFile) {
+  const std::string good_json = "{\"model\": {\"preset\": \"tiny\"},\n \"steps\": 7,\n \"batch_size\": 3}\n";
+  const std::string good_yaml = "model:\n  preset: tiny\nsteps: 7\nbatch_size: 3\n";
+  auto crlf = [](std::string s) {
+    std::string out;
+    for (char c : s) out += c == '\n' ? std::string("\r\n") : std::string(1, c);
+    return out;
+  };
+  const std::string bom = "\xEF\xBB\xBF";
+  for (const auto& [name, plain] : {std::pair{std::string("job.json"), good_json}, {"job.yaml", good_yaml},
+                                    {"stdin", good_json}, {"stdin", good_yaml}}) {
+    auto want = ParseSpecText(name, plain);
+    ASSERT_TRUE(want.ok()) << want.status();
+    ASSERT_EQ(want->steps(), 7);
+    ASSERT_EQ(want->batch_size(), 3);
+    for (const std::string& odd : {crlf(plain), bom + plain, bom + crlf(plain)}) {
+      SCOPED_TRACE(name + ": " + odd);
+      auto got = ParseSpecText(name, odd);
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_EQ(got->SerializeAsString(), want->SerializeAsString());
+    }
+  }
+  // A file of only a mark is as empty as an empty one.
+  auto empty = ParseSpecText("job.json", bom + "\r\n");
+  ASSERT_FALSE(empty.ok());
+  EXPECT_NE(empty.status().message().find("the spec is empty"), std::string::npos) << empty.status();
+}
+
 }  // namespace
 }  // namespace ftd::client

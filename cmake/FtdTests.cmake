@@ -3,6 +3,10 @@
 #   ftd_test(NAME [GPU] SOURCES ... LIBS ...)   a gtest executable (main: tests/gtest_main.cc)
 #   ftd_pytest(NAME FILE [GPU])                 a pytest file, run from the source root
 #
+# Both record the files they register (the global property FTD_REGISTERED_TEST_FILES, absolute
+# paths); ftd_write_registered_tests() writes them to the build tree for registration_test, which
+# fails on any tests/python/test_*.py or *_test.cc that no helper registered.
+#
 # GPU tests carry the label `gpu` (CPU-only CI runs `ctest -LE gpu`), the others `cpu`. A test whose
 # every case skipped (a GPU test where no CUDA device is visible) exits 77, which ctest reports as
 # Skipped rather than Passed. With FTD_TEST_NO_SKIP=1 in the environment, any skipped case fails the
@@ -29,6 +33,10 @@ function(ftd_test name)
     target_link_libraries(ftd_gtest_main PUBLIC GTest::gtest)
     ftd_strict(ftd_gtest_main)
   endif()
+  foreach(src ${T_SOURCES})
+    get_filename_component(abs ${src} ABSOLUTE BASE_DIR ${CMAKE_CURRENT_SOURCE_DIR})
+    set_property(GLOBAL APPEND PROPERTY FTD_REGISTERED_TEST_FILES ${abs})
+  endforeach()
   add_executable(${name} ${T_SOURCES})
   target_link_libraries(${name} PRIVATE ${T_LIBS} ftd_gtest_main GTest::gtest)
   target_include_directories(${name} PRIVATE ${FTD_SOURCE_ROOT})
@@ -41,8 +49,19 @@ endfunction()
 # gives the skip exit code and honours FTD_TEST_NO_SKIP.
 function(ftd_pytest name file)
   cmake_parse_arguments(P "GPU" "" "" ${ARGN})
+  set_property(GLOBAL APPEND PROPERTY FTD_REGISTERED_TEST_FILES ${CMAKE_CURRENT_SOURCE_DIR}/${file})
   add_test(NAME ${name} COMMAND ${Python3_EXECUTABLE} -m pytest -q -rs -p no:cacheprovider
            ${CMAKE_CURRENT_SOURCE_DIR}/${file} WORKING_DIRECTORY ${FTD_SOURCE_ROOT})
   set_tests_properties(${name} PROPERTIES ENVIRONMENT "FTD_BUILD_DIR=${PROJECT_BINARY_DIR};PYTHONDONTWRITEBYTECODE=1")
   ftd_test_labels(${name} "${P_GPU}")
+endfunction()
+
+# Writes every file the helpers registered, one per line, to `out` (called once all directories are
+# configured; registration_test reads it).
+function(ftd_write_registered_tests out)
+  get_property(files GLOBAL PROPERTY FTD_REGISTERED_TEST_FILES)
+  list(REMOVE_DUPLICATES files)
+  list(SORT files)
+  list(JOIN files "\n" text)
+  file(WRITE ${out} "${text}\n")
 endfunction()

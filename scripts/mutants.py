@@ -7,6 +7,17 @@ runs the tests that must catch it. A mutant the tests let through is a missing t
     .venv/bin/python scripts/mutants.py --only NAME    # one (repeatable)
     .venv/bin/python scripts/mutants.py --rotate 3     # 3 of them, a different 3 each day
     .venv/bin/python scripts/mutants.py --baseline     # first check the named tests pass unmutated
+    .venv/bin/python scripts/mutants.py --random 40 --seed 7 server/ spec/ client/ worker/data/
+                                                       # 40 one-line mutants drawn at random from these
+
+With --random, the mutants are not hand-written: every line of the named files (and of the C++
+sources under named folders, tests excluded) is a candidate for a small set of one-line mutations
+(a comparison or logical operator flipped, arithmetic inverted, a constant or a boolean changed,
+a condition negated, a statement dropped, min and max swapped, break and continue swapped), and N
+are drawn with the seed. Each is built incrementally (a mutant that does not compile is replaced by
+another draw) and tried against the tests COVERAGE names for its file (the longest matching path
+prefix): unit tests first, then pytest files, stopping at the first that fails. It prints CAUGHT
+(by which test) or SURVIVED with the patch, then the caught ratio and every survivor.
 
 Each mutant is a one-line patch: a file, its exact line (indentation included; it must occur once)
 and the line that replaces it. The copy is a detached git worktree beside the checkout
@@ -23,6 +34,7 @@ import argparse
 import dataclasses
 import datetime
 import os
+import random
 import re
 import subprocess
 import sys
@@ -152,6 +164,341 @@ MUTANTS = [
 ]
 
 
+# Random mutants (--random): the tests that cover each source, by path. The longest matching prefix
+# (a file, or a folder ending in "/") wins. Each entry lists ctest names (unit tests, run first, in
+# order) and pytest files or node ids (run after them); a mutant is CAUGHT by the first that fails.
+# Keep the cheap tests first: most mutants are caught by a unit test and never reach the suites.
+SERVER_JOBS = ["job_manager_test", "tests/python/test_sched.py", "tests/python/test_exit_codes.py",
+               "tests/python/test_daemon_flags.py", "tests/python/test_service.py",
+               "tests/python/test_lifecycle.py"]
+SERVER_AUTH = ["auth_test", "call_limits_test", "offline_tokens_test", "tests/python/test_auth.py",
+               "tests/python/test_limits.py"]
+CLIENT = ["render_test", "context_test", "spec_input_test", "output_test", "cli_help_test",
+          "tests/python/test_exit_codes.py", "tests/python/test_ftctl.py", "tests/python/test_lifecycle.py"]
+TOKENIZER = ["tokenizer_test", "tests/python/test_tokenizer.py"]
+COVERAGE = {
+    "server/": SERVER_JOBS,
+    "server/job_queue": ["job_queue_test", *SERVER_JOBS],
+    "server/scheduling_policy": ["scheduling_policy_test", *SERVER_JOBS],
+    "server/usage_ledger": ["usage_ledger_test", *SERVER_JOBS],
+    "server/quotas": ["quotas_test", *SERVER_JOBS],
+    "server/exit_classification": ["exit_classification_test", *SERVER_JOBS],
+    "server/memory_fit": ["memory_fit_test", *SERVER_JOBS, "tests/python/test_limits.py"],
+    "server/event_hub": ["event_hub_test", *SERVER_JOBS],
+    "server/job_files": ["job_files_test", *SERVER_JOBS],
+    "server/job_log": ["job_files_test", *SERVER_JOBS],
+    "server/request_match": ["request_match_test", *SERVER_JOBS],
+    "server/request_limits": ["request_limits_test", "tests/python/test_limits.py", *SERVER_JOBS],
+    "server/store": ["store_test", "job_manager_test", "tests/python/test_store.py", "tests/python/test_service.py"],
+    "server/filesystem_info": ["filesystem_info_test", "store_test", "tests/python/test_store.py"],
+    "server/process_metrics": ["process_metrics_test", "tests/python/test_prometheus.py"],
+    "server/metrics": ["job_manager_test", "tests/python/test_exit_codes.py", "tests/python/test_service.py",
+                       "tests/python/test_prometheus.py"],
+    "server/worker_launcher": ["worker_launcher_test", "tests/python/test_service.py", "tests/python/test_limits.py",
+                               "tests/python/test_sandbox.py"],
+    "server/worker_cgroups": ["worker_launcher_test", "tests/python/test_limits.py"],
+    "server/supervisor": ["tests/python/test_service.py", "tests/python/test_exit_codes.py",
+                          "tests/python/test_lifecycle.py"],
+    "server/auth": SERVER_AUTH,
+    "server/authz": SERVER_AUTH,
+    "server/call_auth": SERVER_AUTH,
+    "server/call_limits": SERVER_AUTH,
+    "server/offline_tokens": SERVER_AUTH,
+    "server/admin_service": SERVER_AUTH,
+    "server/listen_config": SERVER_AUTH,
+    "server/unix_listener": SERVER_AUTH,
+    "server/parsed_service": ["parsed_service_test", "tests/python/test_limits.py", "tests/python/test_service.py"],
+    "server/service": ["parsed_service_test", "tests/python/test_service.py", "tests/python/test_exit_codes.py",
+                       "tests/python/test_auth.py", "tests/python/test_lifecycle.py"],
+    "server/daemon_flags": ["tests/python/test_daemon_flags.py", "tests/python/test_sched.py",
+                            "tests/python/test_service.py", "tests/python/test_auth.py"],
+    "server/main": ["tests/python/test_daemon_flags.py", "tests/python/test_service.py", "tests/python/test_auth.py",
+                    "tests/python/test_sched.py"],
+    "server/data_dir": ["tests/python/test_sandbox.py", "tests/python/test_service.py"],
+    "server/gpu_probe": ["tests/python/test_sched.py", "tests/python/test_service.py"],
+    "spec/": ["train_config_test", "llama_config_test", "spec_test", "tests/python/test_ftctl.py"],
+    "spec/spec": ["spec_test", "train_config_test", "tests/python/test_ftctl.py", "tests/python/test_service.py"],
+    "spec/paths": ["paths_test", "tests/python/test_ftctl.py", "tests/python/test_sandbox.py"],
+    "spec/sandbox": ["sandbox_test", "tests/python/test_sandbox.py"],
+    "spec/duration": ["duration_test", "tests/python/test_lifecycle.py"],
+    "spec/message_check": ["message_check_test", "request_limits_test", "tests/python/test_limits.py"],
+    "spec/message_walk": ["message_check_test", "request_limits_test", "tests/python/test_limits.py"],
+    "spec/lora_config": ["lora_config_test", "train_config_test", "tests/python/test_lora.py"],
+    "spec/peak_memory": ["peak_memory_test", "memory_fit_test", "tests/python/test_sched.py",
+                         "tests/python/test_limits.py"],
+    "spec/input_files": ["input_files_test", "tests/python/test_service.py"],
+    "spec/profile_table": ["tests/python/test_profile.py"],
+    "spec/run_outcome": ["reports_test", "exit_classification_test", "tests/python/test_service.py"],
+    "client/": CLIENT,
+    "client/cmd_prepare": [*CLIENT, "tests/python/test_datasets.py"],
+    "client/cmd_profile": [*CLIENT, "tests/python/test_profile.py"],
+    "client/cmd_compare": [*CLIENT, "tests/python/test_profile.py"],
+    "client/render_profile": ["render_test", "tests/python/test_profile.py"],
+    "worker/data/": TOKENIZER,
+    "worker/data/dataset": ["dataset_test", "dataset_cache_test", "tokenizer_test", "tests/python/test_datasets.py"],
+    "worker/data/parallel_encode": ["dataset_test", *TOKENIZER],
+    "worker/data/dataset_cache": ["dataset_cache_test", "tests/python/test_datasets.py"],
+    "worker/data/confined_open": [*TOKENIZER, "dataset_cache_test", "tests/python/test_sandbox.py"],
+    "worker/data/tokenize_cli": ["tests/python/test_tokenizer.py", "tests/python/test_datasets.py"],
+}
+# The binaries the pytest suites drive (ctest's pytest suites included).
+PYTEST_TARGETS = SERVICE_BINS + ["ftd-parity"]
+
+
+def coverage_of(path):
+    """The tests COVERAGE names for a source path (relative to the root), or [] if none."""
+    best = max((k for k in COVERAGE if path.startswith(k)), key=len, default=None)
+    return list(COVERAGE[best]) if best else []
+
+
+def targets_of(tests, unit_names):
+    """Build targets for `tests`: a gtest's executable is its ctest name; anything else is a pytest
+    suite, which drives the service binaries."""
+    out = [t for t in tests if t in unit_names]
+    if any(t not in unit_names for t in tests):
+        out += PYTEST_TARGETS
+    return out
+
+
+@dataclasses.dataclass
+class LineMutant:
+    file: str
+    line: int      # 0-based
+    old: str
+    new: str
+    what: str      # the operator, in words
+
+    @property
+    def name(self):
+        return f"{self.file}:{self.line + 1}"
+
+
+# Headers are left out: a mutant in a header rebuilds every file that includes it, which on a 2-core
+# machine is most of the project for spec/'s. Name a header explicitly to draw from it.
+CPP_SUFFIXES = (".cc",)
+
+
+def random_sources(paths):
+    """The C++ sources named by `paths` (files, or folders searched recursively: .cc files), tests
+    and test doubles excluded, relative to the root."""
+    out = set()
+    for p in paths:
+        full = ROOT / p
+        files = [full] if full.is_file() else sorted(full.rglob("*")) if full.is_dir() else []
+        if not files:
+            raise SystemExit(f"--random: {p} names no file or folder")
+        for f in files:
+            rel = str(f.relative_to(ROOT))
+            if ((f.suffix in CPP_SUFFIXES or f == full) and not rel.endswith("_test.cc") and "/testing/" not in rel
+                    and f.is_file()):
+                out.add(rel)
+    return sorted(out)
+
+
+def _code_spans(line):
+    """Index ranges of `line` outside string and char literals and before a // comment."""
+    spans, start, i, quote = [], 0, 0, None
+    while i < len(line):
+        c = line[i]
+        if quote:
+            if c == "\\":
+                i += 2
+                continue
+            if c == quote:
+                quote, start = None, i + 1
+        elif c in "\"'":
+            if c == "'" and i > 0 and line[i - 1].isalnum():  # a digit separator: 1'000
+                i += 1
+                continue
+            spans.append((start, i))
+            quote = c
+        elif line.startswith("//", i):
+            spans.append((start, i))
+            return spans
+        i += 1
+    if quote is None:
+        spans.append((start, len(line)))
+    return spans
+
+
+_OPERATORS = [  # (pattern, replacement, what); binary operators are spaced in this code base
+    (r"(?<= )<=(?= )", "<", "<= to <"), (r"(?<= )<(?= )", "<=", "< to <="),
+    (r"(?<= )>=(?= )", ">", ">= to >"), (r"(?<= )>(?= )", ">=", "> to >="),
+    (r"(?<= )==(?= )", "!=", "== to !="), (r"(?<= )!=(?= )", "==", "!= to =="),
+    (r"(?<= )&&(?= )", "||", "&& to ||"), (r"(?<= )\|\|(?= )", "&&", "|| to &&"),
+    (r"(?<= )\+(?= )", "-", "+ to -"), (r"(?<= )-(?= )", "+", "- to +"),
+    (r"(?<= )\*(?= )", "/", "* to /"), (r"(?<= )/(?= )", "*", "/ to *"),
+    (r"(?<= )\+=(?= )", "-=", "+= to -="), (r"(?<= )-=(?= )", "+=", "-= to +="),
+    (r"\btrue\b", "false", "true to false"), (r"\bfalse\b", "true", "false to true"),
+    (r"\bstd::min\b", "std::max", "min to max"), (r"\bstd::max\b", "std::min", "max to min"),
+    (r"\bbreak;", "continue;", "break to continue"), (r"\bcontinue;", "break;", "continue to break"),
+    (r"\+\+", "--", "++ to --"),
+    (r"(?<![\w.])0(?![\w.'])", "1", "0 to 1"), (r"(?<![\w.])1(?![\w.'])", "0", "1 to 0"),
+    (r"(?<![\w.'])([2-9]|[1-9][0-9']+)(?![\w.'])", None, "a constant + 1"),
+]
+
+
+def line_mutants(rel, lines):
+    """Every one-line mutant of a file's lines."""
+    out = []
+    for i, line in enumerate(lines):
+        s = line.strip()
+        if not s or s.startswith(("//", "#", "*", "/*")) or s in ("{", "}", "};", "});", "})", "public:", "private:",
+                                                                    "protected:", "default:", "else {", "} else {"):
+            continue
+        spans = _code_spans(line)
+        inside = lambda a, b: any(x <= a and b <= y for x, y in spans)
+        for pattern, repl, what in _OPERATORS:
+            for m in re.finditer(pattern, line):
+                if not inside(m.start(), m.end()):
+                    continue
+                r = repl if repl is not None else str(int(m.group(0).replace("'", "")) + 1)
+                out.append(LineMutant(rel, i, line, line[:m.start()] + r + line[m.end():], what))
+        # A condition negated.
+        for m in re.finditer(r"\b(if|while) \(", line):
+            if not inside(m.start(), m.end()):
+                continue
+            depth, j = 1, m.end()
+            while j < len(line) and depth:
+                depth += {"(": 1, ")": -1}.get(line[j], 0) if inside(j, j + 1) else 0
+                j += 1
+            if depth == 0:
+                cond = line[m.end():j - 1]
+                out.append(LineMutant(rel, i, line, line[:m.end()] + f"!({cond})" + line[j - 1:],
+                                      f"{m.group(1)} condition negated"))
+        # A statement dropped: a call or an assignment on a line of its own.
+        if (s.endswith(";") and not s.startswith(("return", "case ", "using ", "namespace", "struct ", "class ",
+                                                    "template", "const ", "static ", "constexpr", "typedef"))
+                and re.match(r"^[\w:.\->\[\]()*&]+(\(|\s*[-+*/|&]?=\s)", s) and line.count("(") == line.count(")")):
+            indent = line[:len(line) - len(line.lstrip())]
+            out.append(LineMutant(rel, i, line, indent + ";  // (statement dropped)", "statement dropped"))
+    return out
+
+
+def draw(paths, seed):
+    """All candidates from the sources under `paths`, in a seeded random order."""
+    cands = []
+    for rel in random_sources(paths):
+        cands += line_mutants(rel, (ROOT / rel).read_text().split("\n"))
+    rng = random.Random(seed)
+    rng.shuffle(cands)
+    return cands
+
+
+def try_line_mutant(scratch, m, tests, unit_names, timeout, jobs):
+    """('CAUGHT', test) | ('SURVIVED', None) | ('NOT VIABLE', why). The tests run in order, up to the
+    first that fails. The file is restored afterwards."""
+    path = scratch.path / m.file
+    original = path.read_text()
+    lines = original.split("\n")
+    if lines[m.line] != m.old:
+        raise RuntimeError(f"{m.name}: the scratch copy differs from the checkout")
+    lines[m.line] = m.new
+    try:
+        path.write_text("\n".join(lines))
+        b = scratch.ninja(targets_of(tests, unit_names), jobs)
+        if b.returncode != 0:
+            return "NOT VIABLE", "does not build"
+        for t in tests:
+            if scratch.run_tests([t], timeout):
+                return "CAUGHT", t
+        return "SURVIVED", None
+    finally:
+        path.write_text(original)
+
+
+def ctest_names(build):
+    """(every ctest name, the ones that are gtest executables: those ftd_test registers)."""
+    p = sh(["ctest", "--test-dir", str(build), "--show-only=json-v1"], check=False)
+    names, units = set(), set()
+    if p.returncode == 0:
+        import json
+        for t in json.loads(p.stdout).get("tests", []):
+            names.add(t["name"])
+            cmd = t.get("command") or []
+            # A gtest's command is its executable (none listed before it is built); a pytest
+            # suite's is Python.
+            if not cmd or Path(cmd[0]).name == t["name"]:
+                units.add(t["name"])
+    return names, units
+
+
+def available_tests(tests, tree, names, without):
+    """`tests` less those this tree does not have (a ctest name it does not register, a pytest file
+    it lacks) and those named by --without."""
+    out = []
+    for t in tests:
+        if t in without or t.split("::")[0] in without:
+            continue
+        if ("/" in t or "::" in t) and (Path(tree) / t.split("::")[0]).is_file():
+            out.append(t)
+        elif t in names:
+            out.append(t)
+    return out
+
+
+def run_random(args):
+    cands = draw(args.paths, args.seed)
+    if args.list:
+        for m in cands[:args.random]:
+            print(f"{m.name} ({m.what})\n  - {m.old.strip()}\n  + {m.new.strip()}\n"
+                  f"  tests: {', '.join(coverage_of(m.file)) or '(none)'}")
+        return 0
+    scratch = Scratch(args.scratch)
+    t0 = time.monotonic()
+    scratch.prepare()
+    without = set(args.without or [])
+    b = scratch.ninja(["build.ninja"], args.jobs)  # (re)configures, so that ctest knows every test
+    names, units = ctest_names(scratch.build)
+    tests_of = lambda f: available_tests(coverage_of(f), scratch.path, names, without)
+    needed = sorted({t for m in cands[:10 * args.random] for t in targets_of(tests_of(m.file), units)})
+    b = scratch.ninja(needed or PYTEST_TARGETS, max(2, args.jobs))  # the first build: mostly ccache hits
+    if b.returncode != 0:
+        print(f"the unmutated tree does not build:\n{b.stdout[-3000:]}{b.stderr[-2000:]}")
+        return 2
+    print(f"scratch {scratch.path} synced and built in {time.monotonic() - t0:.0f} s; "
+          f"{len(cands)} candidate mutants in {len(random_sources(args.paths))} files, seed {args.seed}", flush=True)
+    rows, tried, not_viable, baseline = [], 0, 0, {}
+    for m in cands:
+        if len(rows) >= args.random:
+            break
+        tests = tests_of(m.file)
+        if not tests:
+            continue
+        t = time.monotonic()
+        tried += 1
+        verdict, detail = try_line_mutant(scratch, m, tests, units, args.timeout, args.jobs)
+        if verdict == "NOT VIABLE":
+            not_viable += 1
+            continue
+        if verdict == "CAUGHT" and detail not in baseline:
+            # The first time a test catches a mutant, it must pass on the unmutated tree (or every
+            # mutant it "catches" says nothing).
+            scratch.ninja(targets_of([detail], units), args.jobs)
+            baseline[detail] = not scratch.run_tests([detail], args.timeout)
+            print(f"    baseline: {detail} {'passes' if baseline[detail] else 'FAILS'} unmutated", flush=True)
+            if not baseline[detail]:
+                print(f"{detail} fails without a mutant: fix it (or leave it out with --without) and run again")
+                return 2
+        secs = time.monotonic() - t
+        rows.append((m, verdict, detail, secs))
+        print(f"{len(rows):3} {verdict:8} {m.name} ({m.what}; {secs:.0f} s){': ' + detail if detail else ''}\n"
+              f"      - {m.old.strip()}\n      + {m.new.strip()}", flush=True)
+    caught = sum(v == "CAUGHT" for _, v, _, _ in rows)
+    survivors = [(m, s) for m, v, _, s in rows if v == "SURVIVED"]
+    print(f"\n{len(rows)} mutant(s) (seed {args.seed}; {not_viable} drawn that did not build were replaced): "
+          f"{caught} caught, {len(survivors)} survived: {100.0 * caught / max(1, len(rows)):.1f}% caught; "
+          f"{time.monotonic() - t0:.0f} s in all")
+    for m, _ in survivors:
+        print(f"SURVIVED {m.name} ({m.what})\n  - {m.old.strip()}\n  + {m.new.strip()}")
+    if args.markdown:
+        print("\n| # | mutant | change | result |\n|---|---|---|---|")
+        for n, (m, verdict, detail, secs) in enumerate(rows, 1):
+            change = f"`{m.old.strip()}` → `{m.new.strip()}`".replace("|", "\\|")
+            print(f"| {n} | `{m.name}` ({m.what}) | {change} | {verdict}{' by `' + detail.split('/')[-1] + '`' if detail else ''} |")
+    return 1 if survivors else 0
+
+
 def sh(cmd, cwd=None, env=None, timeout=None, check=True):
     p = subprocess.run(cmd, cwd=cwd, env=env, timeout=timeout, capture_output=True, text=True)
     if check and p.returncode != 0:
@@ -203,13 +550,17 @@ class Scratch:
             python = cache_value(ROOT / "build", "Python3_EXECUTABLE") or sys.executable
             if prefix is None:
                 prefix = sh([python, "-c", "import torch; print(torch.utils.cmake_prefix_path)"]).stdout.strip()
+            # Paths inside the checkout (its .venv) are taken inside the scratch tree (the same link),
+            # so that the compile commands, relative to base_dir, are the checkout's and ccache hits.
+            prefix, python = (str(self.path / Path(x).relative_to(ROOT)) if Path(x).is_relative_to(ROOT) else x
+                              for x in (prefix, python))
             sh(["cmake", "-S", str(self.path), "-B", str(self.build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
                 "-DFTD_BUILD_BENCH=OFF", "-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache",
                 "-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache", f"-DCMAKE_PREFIX_PATH={prefix}",
                 f"-DPython3_EXECUTABLE={python}"])
 
-    def ninja(self, targets):
-        cmd = ["nice", "ninja", "-C", str(self.build), f"-j{os.cpu_count() or 2}", *targets]
+    def ninja(self, targets, jobs=None):
+        cmd = ["nice", "ninja", "-C", str(self.build), f"-j{jobs or os.cpu_count() or 2}", *targets]
         lock = os.environ.get("FTD_BUILD_LOCK", "")
         if lock:
             cmd = ["flock", lock, *cmd]
@@ -302,7 +653,20 @@ def main():
                     help="the scratch worktree (default: beside the checkout)")
     ap.add_argument("--timeout", type=int, default=900, help="seconds allowed for one mutant's tests")
     ap.add_argument("--markdown", action="store_true", help="print the result table as Markdown")
+    ap.add_argument("--random", type=int, metavar="N",
+                    help="draw N random one-line mutants from the C++ sources under PATHS (default: server/ spec/ "
+                         "client/ worker/data/) instead of the hand-written list")
+    ap.add_argument("--seed", type=int, default=1, help="the random draw's seed (--random)")
+    ap.add_argument("--jobs", type=int, default=1, help="ninja's parallelism for the mutants' builds (--random)")
+    ap.add_argument("--without", action="append", metavar="TEST",
+                    help="leave this ctest name or pytest file out of COVERAGE (repeatable; --random)")
+    ap.add_argument("paths", nargs="*", help="files and folders to draw from (--random)")
     args = ap.parse_args()
+    if args.random:
+        args.paths = args.paths or ["server/", "spec/", "client/", "worker/data/"]
+        return run_random(args)
+    if args.paths:
+        ap.error("PATHS go with --random")
     chosen = pick(args)
     if args.list:
         for m in chosen:

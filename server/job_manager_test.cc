@@ -1790,5 +1790,408 @@ TEST_F(SharingTest, WithoutFairShareTheQueueKeepsSubmissionOrder) {
   EXPECT_EQ(launcher_->Last().job_id, a);
 }
 
+
+// A job sharing a GPU is charged its predicted share of the GPU's memory for the time it runs, not a
+// whole GPU (docs/api.md, "Quotas and fair share"): that is what the GPU-hours limit refuses on and
+// what a queued job's message reports. Here each job is predicted a quarter of the GPU.
+TEST_F(SharingTest, AJobSharingAGpuIsChargedItsShareOfTheGpuForQuotas) {
+  cfg_.gpus = 1;
+  cfg_.jobs_per_gpu = 2;
+  cfg_.gpu_margin_bytes = 0;
+  cfg_.quotas.users["alice"].gpu_hours = 1.0;
+  cfg_.quotas.window_ms = 24 * kHour;
+  Make();
+  auto probe = SubmitAs("alice", "probe", false, /*validate_only=*/true);
+  ASSERT_TRUE(probe.ok()) << probe.status();
+  const int64_t peak = probe->predicted_peak_bytes();
+  ASSERT_GT(peak, 0);
+  cfg_.memory.gpu_bytes = peak * 4;
+  Make();
+  const std::string a = Id(SubmitAs("alice", "a", false)), b = Id(SubmitAs("bob", "b", false));
+  manager_->Tick();
+  ASSERT_EQ(launcher_->Launches(), 2u);
+  EXPECT_EQ(Get(a).slot(), "gpu:0/0");
+  EXPECT_EQ(Get(b).slot(), "gpu:0/1");  // the two share GPU 0
+  const LaunchRequest la = launcher_->launches[0], lb = launcher_->launches[1];
+  ASSERT_TRUE(manager_->Assign(Hello(la)).ok());
+  ASSERT_TRUE(manager_->Assign(Hello(lb)).ok());
+  clock_.Advance(2 * kHour);
+  Succeed(la);
+  Succeed(lb);
+  // A quarter of a GPU for 2 hours: 0.5 GPU-hours of her 1.0. A whole GPU (2.0) or half of it
+  // (1 / --jobs-per-gpu: 1.0) would be at the limit already.
+  const std::string next = Id(SubmitAs("alice", "next", false));
+  const Job waiting = Get(next);
+  EXPECT_NE(waiting.message().find("user alice has 0.5 GPU-hours in the last 24 h"), std::string::npos)
+      << waiting.message();
+  // Two more hours at a quarter: 1.0, the limit. The usage was written to the store: a restarted
+  // daemon counts the same.
+  manager_->Tick();
+  ASSERT_EQ(launcher_->Launches(), 3u);
+  const LaunchRequest ln = launcher_->Last();
+  ASSERT_EQ(ln.job_id, next);
+  ASSERT_TRUE(manager_->Assign(Hello(ln)).ok());
+  clock_.Advance(2 * kHour - 1);
+  // Still running: counted up to now (just under 1.0) and not yet refused.
+  EXPECT_TRUE(SubmitAs("alice", "probe", false, /*validate_only=*/true).ok());
+  clock_.Advance(1);
+  Succeed(ln);
+  Make();
+  auto over = SubmitAs("alice", "over", false);
+  ASSERT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted) << over.status();
+  EXPECT_NE(over.status().message().find("user alice has used 1.0 GPU-hours in the last 24 h"), std::string::npos)
+      << over.status();
+  // Bob's job ran as long on the same GPU, at the same share.
+  cfg_.quotas.users["bob"].gpu_hours = 0.5;
+  Make();
+  auto bob = SubmitAs("bob", "over", false);
+  ASSERT_EQ(bob.status().code(), absl::StatusCode::kResourceExhausted) << bob.status();
+  EXPECT_NE(bob.status().message().find("user bob has used 0.5 GPU-hours"), std::string::npos) << bob.status();
+}
+
+// A job on N GPUs counts N GPUs for its time (docs/api.md), also where --jobs-per-gpu lets jobs share.
+TEST_F(SharingTest, AJobOnTwoGpusIsChargedTwoGpus) {
+  cfg_.gpus = 2;
+  cfg_.jobs_per_gpu = 2;
+  cfg_.memory.gpu_bytes = int64_t{80} << 30;
+  cfg_.quotas.users["alice"].gpu_hours = 3.0;
+  Make();
+  Id(SubmitAs("alice", "big", false, false, 2));
+  const LaunchRequest l = StartNext();
+  ASSERT_EQ(l.ranks, 2);
+  clock_.Advance(kHour);
+  Succeed(l);
+  const std::string next = Id(SubmitAs("alice", "next", false, false, 2));
+  manager_->Tick();
+  const LaunchRequest l2 = launcher_->Last();
+  ASSERT_EQ(l2.job_id, next);
+  ASSERT_TRUE(manager_->Assign(Hello(l2)).ok());
+  clock_.Advance(kHour / 2);
+  Succeed(l2);
+  auto over = SubmitAs("alice", "over", false);
+  ASSERT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted) << over.status();
+  EXPECT_NE(over.status().message().find("user alice has used 3.0 GPU-hours"), std::string::npos) << over.status();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Every way a job ends counts once in ftd_job_completions_total{state,outcome} and once in
+// ftd_job_run_duration_seconds{state} (docs/metrics.md), whichever path it took there.
+
+class EndingTest : public JobManagerTest {
+ protected:
+  struct Scrape {
+    std::map<std::string, double> completions;               // "state/outcome" -> count
+    std::map<std::string, std::pair<double, double>> runs;   // state -> (observations, sum of seconds)
+  };
+  Scrape Read() {
+    Scrape s;
+    for (const auto& f : metrics_->registry()->Collect()) {
+      for (const auto& m : f.metric) {
+        std::map<std::string, std::string> l;
+        for (const auto& lp : m.label) l[lp.name] = lp.value;
+        if (f.name == "ftd_job_completions_total") s.completions[l["state"] + "/" + l["outcome"]] = m.counter.value;
+        if (f.name == "ftd_job_run_duration_seconds") {
+          s.runs[l["state"]] = {static_cast<double>(m.histogram.sample_count), m.histogram.sample_sum};
+        }
+      }
+    }
+    return s;
+  }
+  // Since `before`: one completion, in state/outcome, and one run of `seconds` (< 0: any) in state.
+  void ExpectOneEnding(const Scrape& before, const std::string& state, const std::string& outcome, double seconds) {
+    const Scrape after = Read();
+    for (const auto& [key, v] : after.completions) {
+      const double was = before.completions.count(key) ? before.completions.at(key) : 0;
+      EXPECT_EQ(v - was, key == state + "/" + outcome ? 1 : 0) << "ftd_job_completions_total " << key;
+    }
+    EXPECT_TRUE(after.completions.count(state + "/" + outcome)) << "no series " << state << "/" << outcome;
+    for (const auto& [st, v] : after.runs) {
+      const auto was = before.runs.count(st) ? before.runs.at(st) : std::pair<double, double>{0, 0};
+      EXPECT_EQ(v.first - was.first, st == state ? 1 : 0) << "ftd_job_run_duration_seconds_count " << st;
+      if (st == state && seconds >= 0) {
+        EXPECT_DOUBLE_EQ(v.second - was.second, seconds) << st;
+      }
+    }
+    EXPECT_TRUE(after.runs.count(state)) << "no run duration observed for " << state;
+  }
+};
+
+TEST_F(EndingTest, EachWayOfEndingCountsOneCompletionAndOneRun) {
+  auto& m = Make();
+  {
+    SCOPED_TRACE("succeeded");
+    const Scrape before = Read();
+    Submit("ok");
+    const LaunchRequest l = StartNext();
+    clock_.Advance(4000);
+    ASSERT_TRUE(Report(l, RunResult::SUCCEEDED, "done").ok());
+    launcher_->Exit(l, Exited(0));
+    ExpectOneEnding(before, "succeeded", "succeeded", 4.0);
+  }
+  {
+    SCOPED_TRACE("the worker's own failure");
+    const Scrape before = Read();
+    Submit("error", 0, 3);
+    const LaunchRequest l = StartNext();
+    clock_.Advance(1500);
+    ASSERT_TRUE(Report(l, RunResult::FAILED, "bad data").ok());
+    launcher_->Exit(l, Exited(1));
+    ExpectOneEnding(before, "failed", "worker_error", 1.5);
+  }
+  {
+    SCOPED_TRACE("an infrastructure failure on the last attempt");
+    const Scrape before = Read();
+    Submit("sigkill", 0, 1);
+    const LaunchRequest l = StartNext();
+    clock_.Advance(250);
+    launcher_->Exit(l, Signaled(SIGKILL));
+    ExpectOneEnding(before, "failed", "killed_by_signal", 0.25);
+  }
+  {
+    SCOPED_TRACE("the worker cannot be started, no attempts left");
+    const Scrape before = Read();
+    Submit("nospawn", 0, 1);
+    launcher_->fail_next = absl::InternalError("cannot start /nonexistent/ftd-worker");
+    m.Tick();
+    ExpectOneEnding(before, "failed", "spawn_failed", 0);
+  }
+  {
+    SCOPED_TRACE("cancelled while queued");
+    const Scrape before = Read();
+    const std::string id = Submit("queued");
+    ASSERT_TRUE(m.Cancel(id).ok());
+    ExpectOneEnding(before, "cancelled", "cancelled", 0);
+  }
+  {
+    SCOPED_TRACE("cancelled while waiting for its retry");
+    const Scrape before = Read();
+    const std::string id = Submit("flaky", 0, 3);
+    const LaunchRequest l = StartNext();
+    launcher_->Exit(l, Signaled(SIGKILL));
+    ASSERT_EQ(Get(id).state(), ftd::v1::QUEUED);
+    ASSERT_TRUE(m.Cancel(id).ok());
+    ExpectOneEnding(before, "cancelled", "cancelled", -1);
+  }
+  {
+    SCOPED_TRACE("cancelled while its worker is being launched");
+    const Scrape before = Read();
+    const std::string id = Submit("starting");
+    launcher_->on_launch = [&](const LaunchRequest&) {
+      launcher_->on_launch = nullptr;
+      EXPECT_TRUE(m.Cancel(id).ok());
+    };
+    m.Tick();
+    clock_.Advance(300);
+    launcher_->Exit(launcher_->Last(), Signaled(SIGTERM));
+    ExpectOneEnding(before, "cancelled", "cancelled", 0.3);
+  }
+  {
+    SCOPED_TRACE("cancelled while running");
+    const Scrape before = Read();
+    const std::string id = Submit("running");
+    const LaunchRequest l = StartNext();
+    ASSERT_TRUE(Step(l, 1).ok());
+    clock_.Advance(2500);
+    ASSERT_TRUE(m.Cancel(id).ok());
+    ASSERT_TRUE(Report(l, RunResult::CANCELLED, "stopped").ok());
+    launcher_->Exit(l, Exited(5));
+    ExpectOneEnding(before, "cancelled", "cancelled", 2.5);
+  }
+}
+
+TEST_F(EndingTest, AJobFailedByTheRestartPolicyCountsOneCompletion) {
+  for (const bool requeue : {false, true}) {
+    SCOPED_TRACE(requeue ? "requeue, no attempts left" : "--restart-policy fail");
+    Make();
+    Submit("survivor", 0, requeue ? 1 : 3);
+    StartNext();
+    cfg_.requeue_on_restart = requeue;
+    Make();  // a new daemon, with its own counters from 0
+    ExpectOneEnding(Scrape{}, "failed", "daemon_restart", -1);
+    manager_.reset();
+    store_.reset();
+    for (const auto& e : fs::directory_iterator(dir_)) {
+      if (e.path().filename().string().rfind("ftd.db", 0) == 0) fs::remove(e.path());
+    }
+    OpenStore();
+  }
+}
+
+
+// Every per-step series of docs/metrics.md reads the field of the worker's step report it is
+// documented to (each field a different value here, so that no two can be swapped unseen), in its
+// unit; the counters add what the report adds; an idle slot drops the gauges and reads 0 tokens/s.
+TEST_F(EndingTest, EachStepSeriesReadsItsFieldOfTheReportAndGoesWhenTheSlotIsIdle) {
+  Make();
+  Submit("metered");
+  const LaunchRequest l = StartNext();
+  auto report = [&](int64_t step, double energy_total) {
+    ftd::v1::WorkerMessage m;
+    auto* r = m.mutable_step();
+    r->set_step(step);
+    r->set_total_steps(10);
+    r->set_tokens(128);
+    r->set_tokens_total(step * 128);
+    r->set_loss(2.5);
+    r->set_eval_loss(3.25);
+    r->set_step_time_s(0.75);
+    r->set_tokens_per_s(170.5);
+    r->set_mfu(0.41);
+    r->set_peak_mem_allocated_bytes(1000);
+    r->set_peak_mem_reserved_bytes(2000);
+    r->set_peak_rss_bytes(3000);
+    r->set_nvml_available(true);
+    r->set_energy_total_j(energy_total);
+    r->set_power_w(310.0);
+    r->set_joules_per_token(0.125);
+    r->set_gpu_utilization(0.93);
+    r->set_gpu_memory_used_bytes(4000);
+    return Send(l, m);
+  };
+  ASSERT_TRUE(report(2, 50.0).ok());
+  ASSERT_TRUE(report(5, 80.0).ok());  // 3 steps, 384 tokens and 30 J more
+  const std::map<std::string, std::string> sk = {{"slot", "cpu"}, {"kernel_set", "eager"}};
+  EXPECT_EQ(Counter("ftd_worker_tokens_per_second", sk), 170.5);
+  EXPECT_EQ(Counter("ftd_worker_step_time_seconds", sk), 0.75);
+  EXPECT_EQ(Counter("ftd_worker_loss", sk), 2.5);
+  EXPECT_EQ(Counter("ftd_worker_eval_loss", sk), 3.25);
+  EXPECT_EQ(Counter("ftd_worker_mfu_ratio", sk), 0.41);
+  EXPECT_EQ(Counter("ftd_worker_tokens_total", sk), 5 * 128);
+  EXPECT_EQ(Counter("ftd_worker_steps_total", sk), 5);
+  EXPECT_EQ(Counter("ftd_worker_energy_joules_total", sk), 80.0);
+  EXPECT_EQ(Counter("ftd_worker_joules_per_token", sk), 0.125);
+  EXPECT_EQ(Counter("ftd_worker_peak_memory_bytes", {{"slot", "cpu"}, {"kind", "gpu_allocated"}}), 1000);
+  EXPECT_EQ(Counter("ftd_worker_peak_memory_bytes", {{"slot", "cpu"}, {"kind", "gpu_reserved"}}), 2000);
+  EXPECT_EQ(Counter("ftd_worker_peak_memory_bytes", {{"slot", "cpu"}, {"kind", "host_rss"}}), 3000);
+  EXPECT_EQ(Counter("ftd_worker_power_watts", {{"slot", "cpu"}}), 310.0);
+  EXPECT_EQ(Counter("ftd_worker_gpu_utilization_ratio", {{"slot", "cpu"}}), 0.93);
+  EXPECT_EQ(Counter("ftd_worker_gpu_memory_used_bytes", {{"slot", "cpu"}}), 4000);
+  ASSERT_TRUE(Report(l, RunResult::SUCCEEDED, "done").ok());
+  launcher_->Exit(l, Exited(0));
+  EXPECT_EQ(Counter("ftd_worker_tokens_per_second", sk), 0);
+  EXPECT_EQ(Counter("ftd_worker_tokens_total", sk), 5 * 128);  // counters stay
+  EXPECT_EQ(Counter("ftd_worker_energy_joules_total", sk), 80.0);
+  std::set<std::string> left;
+  for (const auto& f : metrics_->registry()->Collect()) {
+    if (!f.metric.empty()) left.insert(f.name);
+  }
+  for (const char* gone : {"ftd_worker_step_time_seconds", "ftd_worker_loss", "ftd_worker_eval_loss",
+                           "ftd_worker_mfu_ratio", "ftd_worker_peak_memory_bytes", "ftd_worker_power_watts",
+                           "ftd_worker_joules_per_token", "ftd_worker_gpu_utilization_ratio",
+                           "ftd_worker_gpu_memory_used_bytes"}) {
+    EXPECT_FALSE(left.count(gone)) << gone << " stays on an idle slot";
+  }
+}
+
+// ftd_job_queue_wait_seconds: from submission to the worker's start, and for a retry from the end of
+// its backoff (docs/metrics.md), in seconds.
+TEST_F(EndingTest, QueueWaitCountsFromSubmissionOrFromTheEndOfTheBackoff) {
+  auto& m = Make();
+  auto wait = [&]() {
+    for (const auto& f : metrics_->registry()->Collect()) {
+      if (f.name == "ftd_job_queue_wait_seconds" && !f.metric.empty()) {
+        return std::pair<double, double>{static_cast<double>(f.metric[0].histogram.sample_count),
+                                         f.metric[0].histogram.sample_sum};
+      }
+    }
+    return std::pair<double, double>{0, 0};
+  };
+  Submit("waits", 0, 2);
+  clock_.Advance(3000);
+  const LaunchRequest l = StartNext();
+  EXPECT_EQ(wait(), (std::pair<double, double>{1, 3.0}));
+  launcher_->Exit(l, Signaled(SIGKILL));  // retried after --backoff-s (1 s here)
+  clock_.Advance(cfg_.backoff_base_ms + 500);
+  m.Tick();
+  ASSERT_EQ(launcher_->Launches(), 2u);
+  EXPECT_EQ(wait(), (std::pair<double, double>{2, 3.5}));
+}
+
+// A PROFILE job's categories reach ftd_profile_device_seconds_per_step{category,kernel_set} and its
+// step total ftd_profile_step_device_seconds, in seconds (the report has milliseconds).
+TEST_F(EndingTest, AProfileReachesTheProfileSeriesInSeconds) {
+  Make();
+  Submit("profiled");
+  const LaunchRequest l = StartNext();
+  ftd::v1::WorkerMessage msg;
+  auto* p = msg.mutable_profile();
+  p->set_step_device_ms(250);
+  auto* c = p->add_categories();
+  c->set_category("matmul");
+  c->set_device_ms(120);
+  c = p->add_categories();
+  c->set_category("attention");
+  c->set_device_ms(40);
+  ASSERT_TRUE(Send(l, msg).ok());
+  EXPECT_EQ(Counter("ftd_profile_device_seconds_per_step", {{"category", "matmul"}, {"kernel_set", "eager"}}), 0.12);
+  EXPECT_EQ(Counter("ftd_profile_device_seconds_per_step", {{"category", "attention"}, {"kernel_set", "eager"}}), 0.04);
+  EXPECT_EQ(Counter("ftd_profile_step_device_seconds", {{"kernel_set", "eager"}}), 0.25);
+}
+
+
+// ftd_job_retries_total{reason}: each way of being retried counts once under its reason and nothing
+// in the completions; ftd_job_submissions_total{kind}: new jobs by kind, not an idempotent retry of a
+// submit nor a validate-only one.
+TEST_F(EndingTest, RetriesCountByReasonAndSubmissionsByKind) {
+  auto& m = Make();
+  const Scrape before = Read();
+  {
+    SCOPED_TRACE("a silent worker");
+    const std::string id = Submit("silent", 0, 3);
+    const LaunchRequest l = StartNext();
+    clock_.Advance(cfg_.heartbeat_timeout_ms);
+    m.Tick();
+    launcher_->Exit(l, Signaled(SIGKILL));
+    ASSERT_EQ(Get(id).state(), ftd::v1::QUEUED);
+    EXPECT_EQ(Counter("ftd_job_retries_total", {{"reason", "lost_heartbeat"}}), 1);
+    ASSERT_TRUE(m.Cancel(id).ok());
+  }
+  {
+    SCOPED_TRACE("a worker that cannot be started");
+    const std::string id = Submit("nospawn", 0, 3);
+    launcher_->fail_next = absl::InternalError("cannot start /nonexistent/ftd-worker");
+    m.Tick();
+    ASSERT_EQ(Get(id).state(), ftd::v1::QUEUED);
+    EXPECT_EQ(Counter("ftd_job_retries_total", {{"reason", "spawn_failed"}}), 1);
+    ASSERT_TRUE(m.Cancel(id).ok());
+  }
+  {
+    SCOPED_TRACE("a worker that exits without a result");
+    const std::string id = Submit("exits", 0, 3);
+    launcher_->Exit(StartNext(), Exited(5));
+    ASSERT_EQ(Get(id).state(), ftd::v1::QUEUED);
+    EXPECT_EQ(Counter("ftd_job_retries_total", {{"reason", "worker_exit"}}), 1);
+    ASSERT_TRUE(m.Cancel(id).ok());
+  }
+  // The three were cancelled while waiting for their retry: three completions, all cancelled.
+  const Scrape after = Read();
+  double completed = 0;
+  for (const auto& [k, v] : after.completions) completed += v - (before.completions.count(k) ? before.completions.at(k) : 0);
+  EXPECT_EQ(completed, 3);
+  EXPECT_EQ(after.completions.at("cancelled/cancelled") -
+                (before.completions.count("cancelled/cancelled") ? before.completions.at("cancelled/cancelled") : 0),
+            3);
+
+  const double finetunes = Counter("ftd_job_submissions_total", {{"kind", "finetune"}});
+  ftd::v1::SubmitJobRequest req;
+  req.set_request_id("r-1");
+  req.mutable_spec()->mutable_model()->set_preset("tiny");
+  req.mutable_spec()->set_device("cpu");
+  ASSERT_TRUE(m.Submit(req).ok());
+  ASSERT_TRUE(m.Submit(req).ok());  // the same request again: the same job
+  EXPECT_EQ(Counter("ftd_job_submissions_total", {{"kind", "finetune"}}), finetunes + 1);
+  ftd::v1::SubmitJobRequest probe = req;
+  probe.set_request_id("");
+  probe.set_validate_only(true);
+  ASSERT_TRUE(m.Submit(probe).ok());
+  EXPECT_EQ(Counter("ftd_job_submissions_total", {{"kind", "finetune"}}), finetunes + 1);
+  ftd::v1::SubmitJobRequest profile = probe;
+  profile.set_validate_only(false);
+  profile.set_kind(ftd::v1::PROFILE);
+  ASSERT_TRUE(m.Submit(profile).ok());
+  EXPECT_EQ(Counter("ftd_job_submissions_total", {{"kind", "profile"}}), 1);
+  EXPECT_EQ(Counter("ftd_job_submissions_total", {{"kind", "finetune"}}), finetunes + 1);
+}
+
 }  // namespace
 }  // namespace ftd::server

@@ -79,5 +79,47 @@ TEST(MemoryFit, ModelShapeFollowsTheWorkersDefaults) {
 
 TEST(MemoryFit, HostMemoryIsRead) { EXPECT_GT(HostMemoryBytes(), 64 * (int64_t{1} << 20)); }
 
+
+// The bound at submit takes the job's own options: ZeRO on 8 GPUs fits the 8B where one GPU's worth
+// of state does not, and under non-default options (fp32 masters, ZeRO-1, full activation
+// checkpointing) the batch size named fits and one more does not.
+TEST(MemoryFit, TheJobsOptionsDecideWhatFits) {
+  const spec::LlamaConfig big = *spec::PresetLlamaConfig("llama-3.1-8b");
+  const MachineMemory m{1 * kGiB, 40 * kGiB};
+  spec::TrainConfig c = Job(1, 512);
+  c.device = "auto";
+  c.gpus = 8;
+  c.kernel_set = *spec::ParseKernelSet("fused");
+  EXPECT_EQ(CheckMemoryFit(big, c, true, m).code(), absl::StatusCode::kInvalidArgument);  // 60 GiB unsharded
+  c.optimizer.shard_state = true;
+  c.optimizer.shard_grads = true;
+  EXPECT_TRUE(CheckMemoryFit(big, c, true, m).ok()) << spec::PredictPeakMemory(big, c, true).ToString();
+
+  spec::TrainConfig o = Job(64, 2048);
+  o.device = "auto";
+  o.gpus = 2;
+  o.kernel_set = *spec::ParseKernelSet("fused");
+  o.fp32_master_weights = true;
+  o.optimizer.shard_state = true;
+  o.activation_checkpointing = spec::ActivationCheckpointing::kFull;
+  const MachineMemory g{1 * kGiB, 80 * kGiB};
+  const absl::Status st = CheckMemoryFit(big, o, true, g);
+  ASSERT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  ASSERT_TRUE(StartsWith(st.message(), "spec.batch_size: ")) << st;
+  const std::string msg(st.message());
+  const auto at = msg.find("at most ") + 8;
+  const int32_t b = std::stoi(std::string(msg.substr(at, msg.find(' ', at) - at)));
+  ASSERT_GT(b, 0);
+  o.batch_size = b;
+  EXPECT_TRUE(CheckMemoryFit(big, o, true, g).ok());
+  o.batch_size = b + 1;
+  EXPECT_FALSE(CheckMemoryFit(big, o, true, g).ok());
+  // Without the sharding, fewer fit; without the masters, more.
+  spec::TrainConfig unsharded = o;
+  unsharded.optimizer.shard_state = false;
+  unsharded.batch_size = b;
+  EXPECT_FALSE(CheckMemoryFit(big, unsharded, true, g).ok());
+}
+
 }  // namespace
 }  // namespace ftd::server

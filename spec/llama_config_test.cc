@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include "nlohmann/json.hpp"
+
 namespace ftd::spec {
 namespace {
 
@@ -57,6 +59,22 @@ TEST(LlamaConfig, RowsLongerThanTheModelsPositionsAreRefused) {
             absl::string_view::npos)
       << st;
   EXPECT_NE(st.message().find("at most 256"), absl::string_view::npos) << st;
+}
+
+// An HF config.json as Windows tools save it (CRLF line ends, a UTF-8 byte-order mark) reads as the
+// plain file.
+TEST(LlamaConfig, CrlfAndAByteOrderMarkReadAsThePlainFile) {
+  const std::string plain = PresetLlamaConfig("tiny")->ToJson();
+  ASSERT_FALSE(plain.empty());
+  auto want = ParseLlamaConfig(plain);
+  ASSERT_TRUE(want.ok()) << want.status();
+  std::string crlf;
+  for (char c : nlohmann::json::parse(plain).dump(2)) crlf += c == '\n' ? std::string("\r\n") : std::string(1, c);
+  for (const std::string& odd : {crlf, "\xEF\xBB\xBF" + plain, "\xEF\xBB\xBF" + crlf}) {
+    auto got = ParseLlamaConfig(odd);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->ToJson(), want->ToJson());
+  }
 }
 
 }  // namespace

@@ -78,6 +78,12 @@ PeakMemory PredictPeakMemory(const LlamaConfig& m, const TrainConfig& c, bool gp
                                       : (h * (q + 2 * kv) + q * h + 3 * h * f + 2 * h) * e;
     p.gradients = std::min(p.gradients, std::max(layer, full ? vocab * h * e : 0.0));
   }
+  if (full && c.fp32_master_weights && bf16 && !k[KernelOp::kAdamW]) {
+    // LibTorch's AdamW (eager) updates fp32 masters from an fp32 copy of each gradient, taken at the
+    // step for every tensor this rank updates (under overlap, for one group at a time); the fused
+    // kernel reads the bf16 gradients.
+    p.gradients += c.optimizer.overlap && c.grad_accum_steps == 1 ? p.gradients * 4 / e : 4 * params / shards;
+  }
   // FP8 matmuls (full fine-tuning) keep no copy of the weights: each group's E4M3 weights are cast
   // when used and freed after. What they save for backward is their input in E4M3, 1 byte an element.
   const bool fp8 = k[KernelOp::kMatmul] && full;

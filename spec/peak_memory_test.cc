@@ -209,5 +209,68 @@ TEST(PeakMemory, ASmallModelIsToldInMiBNotAsZeroGiB) {
   EXPECT_NE(text.find(" MiB"), std::string::npos) << text;
 }
 
+
+// fp32 master weights (docs/job-spec.md) together with ZeRO (docs/distributed.md), by bytes per
+// parameter of the 8B (8,030,261,248): the bf16 weights (2) and gradients (2) stay whole on every
+// rank; the fp32 masters (4) and fp32 moments (2 x 4) are kept for 1/N of the parameters where the
+// state is sharded. ZeRO-2 keeps 1/N of the gradients and two 256 MiB buckets in flight.
+TEST(PeakMemory, Fp32MasterWeightsWithShardedStateKeepTheirShareOnEachRank) {
+  const auto m = *PresetLlamaConfig("llama-3.1-8b");
+  const double n = 8'030'261'248.0;
+  for (const int gpus : {1, 2, 8}) {
+    for (const bool shard : {false, true}) {
+      SCOPED_TRACE(testing::Message() << gpus << " GPU(s)" << (shard ? ", ZeRO-1" : ""));
+      TrainConfig c = Job(4, 2048, "fused");
+      c.gpus = gpus;
+      c.optimizer.shard_state = shard;
+      c.fp32_master_weights = true;
+      const double ranks = shard ? gpus : 1;
+      const auto p = PredictPeakMemory(m, c, /*gpu=*/true);
+      EXPECT_DOUBLE_EQ(p.weights, 2 * n + 4 * n / ranks);
+      EXPECT_DOUBLE_EQ(p.optimizer, 2 * 4 * n / ranks);
+      EXPECT_DOUBLE_EQ(p.gradients, 2 * n);
+      // Without masters: bf16 moments of the rank's share, no fp32 copy.
+      c.fp32_master_weights = false;
+      const auto plain = PredictPeakMemory(m, c, /*gpu=*/true);
+      EXPECT_DOUBLE_EQ(plain.weights, 2 * n);
+      EXPECT_DOUBLE_EQ(plain.optimizer, 2 * 2 * n / ranks);
+      EXPECT_DOUBLE_EQ(p.Peak() - plain.Peak(), (4 + 4) * n / ranks);
+    }
+  }
+  TrainConfig c = Job(4, 2048, "fused");
+  c.gpus = 8;
+  c.optimizer.shard_state = true;
+  c.optimizer.shard_grads = true;
+  c.fp32_master_weights = true;
+  const auto zero2 = PredictPeakMemory(m, c, /*gpu=*/true);
+  EXPECT_DOUBLE_EQ(zero2.weights, 2 * n + 4 * n / 8);
+  EXPECT_DOUBLE_EQ(zero2.optimizer, 2 * 4 * n / 8);
+  EXPECT_DOUBLE_EQ(zero2.gradients, 2 * n / 8 + 2 * 256.0 * (1 << 20));
+  // In fp32 (a CPU's "auto") there is nothing to keep a master of: fp32 weights and moments.
+  c.dtype = "auto";
+  const auto fp32 = PredictPeakMemory(m, c, /*gpu=*/false);
+  EXPECT_DOUBLE_EQ(fp32.weights, 4 * n);
+  EXPECT_DOUBLE_EQ(fp32.optimizer, 2 * 4 * n / 8);
+}
+
+// LibTorch's AdamW (the eager adamw op) takes an fp32 copy of each bf16 gradient to update the fp32
+// masters from (worker/engine/optimizer.cc): 4 more bytes per parameter it updates at the step, for
+// the rank's share under ZeRO-1; the fused kernel reads the bf16 gradients.
+TEST(PeakMemory, EagerAdamWWithFp32MastersHoldsFp32GradientsAtTheStep) {
+  const auto m = *PresetLlamaConfig("llama-3.1-8b");
+  const double n = 8'030'261'248.0;
+  TrainConfig c = Job(4, 2048, "fused");
+  c.kernels["adamw"] = KernelSet::kEager;
+  c.fp32_master_weights = true;
+  EXPECT_DOUBLE_EQ(PredictPeakMemory(m, c, true).gradients, 2 * n + 4 * n);
+  c.gpus = 8;
+  c.optimizer.shard_state = true;
+  const auto zero1 = PredictPeakMemory(m, c, true);
+  EXPECT_DOUBLE_EQ(zero1.gradients, 2 * n + 4 * n / 8);
+  EXPECT_DOUBLE_EQ(zero1.optimizer, 2 * 4 * n / 8);
+  c.fp32_master_weights = false;
+  EXPECT_DOUBLE_EQ(PredictPeakMemory(m, c, true).gradients, 2 * n);
+}
+
 }  // namespace
 }  // namespace ftd::spec

@@ -15,7 +15,9 @@
 //      "result": "OUT_OF_MEMORY",  a RunResult outcome to report (absent: report nothing)
 //      "message": "...",           its message
 //      "exit": 3,                  the exit code (default 0)
-//      "signal": 9}                or die of this signal instead of exiting
+//      "signal": 9,                or die of this signal instead of exiting
+//      "heartbeat": false,         send no heartbeats (default true): ftd's --heartbeat-timeout-s fires
+//      "ignore_stop": true}        ignore SIGTERM and SIGUSR1 (with wait_for_stop: run until SIGKILL)
 //   FTD_FAKE_WORKER_REAL    the real ftd-worker: jobs without a script are handed to it (exec)
 //
 // It prints "fake-worker: started unix_us=<t>" first thing and "fake-worker: step <n> sent
@@ -103,11 +105,17 @@ int main(int argc, char** argv) {
 
   (*link)->Open();
   auto send = [l = link->get()](const ftd::v1::WorkerMessage& m) { return l->Send(m); };
-  (*link)->StartHeartbeat(std::chrono::seconds(1), [] {
-    ftd::v1::WorkerMessage m;
-    m.set_heartbeat(true);
-    return m;
-  });
+  if (script.value("heartbeat", true)) {
+    (*link)->StartHeartbeat(std::chrono::seconds(1), [] {
+      ftd::v1::WorkerMessage m;
+      m.set_heartbeat(true);
+      return m;
+    });
+  }
+  if (script.value("ignore_stop", false)) {
+    signal(SIGTERM, SIG_IGN);
+    signal(SIGUSR1, SIG_IGN);
+  }
 
   const int steps = script.value("steps", 0);
   const int interval_ms = script.value("step_interval_ms", 0);

@@ -59,10 +59,13 @@ class Daemon:
     def start(self, wait=True):
         self.log.flush()
         self._log_from = Path(self.log.name).stat().st_size
+        # The harness's defaults, each left out where the test passes the flag itself (ftd takes a
+        # flag once).
+        defaults = {"--metrics-listen": f"127.0.0.1:{self.metrics_port}", "--gpus": "0", "--backoff-s": "0.2",
+                    "--grace-s": "3", "--heartbeat-timeout-s": "5"}
         self.proc = subprocess.Popen(
-            [str(FTD), "--listen", self.tcp, "--socket", str(self.socket), "--metrics-listen", f"127.0.0.1:{self.metrics_port}",
-             "--data-dir", str(self.data), *([] if "--gpus" in self.flags else ["--gpus", "0"]), "--backoff-s", "0.2",
-             "--grace-s", "3", "--heartbeat-timeout-s", "5", *self.flags],
+            [str(FTD), "--listen", self.tcp, "--socket", str(self.socket), "--data-dir", str(self.data),
+             *[x for k, v in defaults.items() if k not in self.flags for x in (k, v)], *self.flags],
             stdout=self.log, stderr=self.log, env=self.env, preexec_fn=self._limit if self.nofile else None)
         if wait:
             self.wait_ready()

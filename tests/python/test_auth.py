@@ -642,3 +642,42 @@ def test_cross_user_trace_download_is_denied_and_an_admin_passes(paused):
             list(get_trace(req, metadata=[("authorization", f"Bearer {admin}")], timeout=10))
         except grpc.RpcError as err:  # the trace may not be written yet: anything but a denial
             assert err.code() not in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED), err
+
+
+def test_a_local_user_named_with_admin_is_an_admin_on_the_unix_socket(tmp_path, local_users):
+    """ftd --admin ALICE: Alice, connecting over the unix socket as her own uid (not root), is an
+    admin: whoami says so, and she may do what only admins may (cancel and read another user's job,
+    submit for someone else above the priority cap, pause the scheduler, read the audit log, make
+    tokens). Bob, not named, is still a plain user; --admin takes effect only through the flag."""
+    d_sock = Path(tempfile.mkdtemp(prefix="ftd-admin-"))
+    d_sock.chmod(0o755)
+    d = Daemon(tmp_path, "--paused", "--admin", ALICE, "--max-user-priority", "10", socket=d_sock / "ftd.sock")
+    try:
+        uid = pwd.getpwnam(ALICE).pw_uid
+        assert ok(as_user(ALICE, d, "whoami")).startswith(f"{ALICE} (admin) via unix socket uid {uid}")
+        assert "(user)" in ok(as_user(BOB, d, "whoami"))
+        bobs = ok(as_user(BOB, d, "submit", "--default", "--set", "steps=1", "--name", "bobs"))
+        assert json.loads(ok(as_user(ALICE, d, "get", bobs, "--spec")))["steps"] == 1
+        ok(as_user(ALICE, d, "cancel", bobs))
+        got = json.loads(ok(ftctl(d, "get", bobs, "-o", "json")))
+        assert got["state"] == "CANCELLED" and got["cancelled_by"] == ALICE, got
+        for_bob = ok(as_user(ALICE, d, "submit", "--default", "--owner", BOB, "--priority", "500"))
+        got = json.loads(ok(ftctl(d, "get", for_bob, "-o", "json")))
+        assert got["owner"] == BOB and got["submitted_by"] == ALICE and got["priority"] == 500, got
+        ok(as_user(ALICE, d, "cancel", for_bob))
+        ok(as_user(ALICE, d, "resume"))
+        ok(as_user(ALICE, d, "pause"))
+        audit = ok(as_user(ALICE, d, "admin", "audit"))
+        assert "CancelJob" in audit and ALICE in audit, audit
+        ok(as_user(ALICE, d, "admin", "token", "create", "ci"))
+        # Bob may do none of it.
+        alices = ok(as_user(ALICE, d, "submit", "--default", "--set", "steps=1"))
+        denied(as_user(BOB, d, "cancel", alices), "PERMISSION_DENIED", f"belongs to {ALICE}")
+        denied(as_user(BOB, d, "submit", "--default", "--owner", ALICE), "PERMISSION_DENIED", "only an admin")
+        denied(as_user(BOB, d, "submit", "--default", "--priority", "11"), "PERMISSION_DENIED", "priority 11")
+        ok(as_user(BOB, d, "submit", "--default", "--priority", "10"))  # at the cap: allowed
+        denied(as_user(BOB, d, "admin", "audit"), "PERMISSION_DENIED", "only an admin")
+        denied(as_user(BOB, d, "pause"), "PERMISSION_DENIED")
+    finally:
+        d.stop()
+        shutil.rmtree(d_sock, ignore_errors=True)

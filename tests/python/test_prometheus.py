@@ -439,3 +439,16 @@ def test_prometheus_scrapes_ftd_and_evaluates_every_dashboard_and_alert_expressi
         if prom is not None:
             prom.stop()
         d.stop()
+
+
+def test_every_catalog_metric_is_checked_by_a_test_besides_this_one():
+    """Each ftd_* family of docs/metrics.md is named by some test other than this file's catalog
+    checks (a unit test reading the registry, or a service test reading /metrics), so that a family
+    a path forgets to move, or moves in another unit, has a test to fail. The process_* families are
+    process_metrics_test's; prometheus-cpp's own exposer_* families are not ftd's."""
+    base = {re.sub(r"_(bucket|sum|count)$", "", n) for n in catalog()}
+    sources = [p for p in (ROOT / "tests" / "python").glob("test_*.py") if p.name != Path(__file__).name]
+    sources += [p for d in ("server", "worker", "spec", "client") for p in (ROOT / d).rglob("*_test.cc")]
+    texts = [p.read_text() for p in sources]
+    missing = sorted(n for n in base if not any(n in t for t in texts))
+    assert missing == [], f"no test besides the catalog checks names {missing}"

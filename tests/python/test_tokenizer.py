@@ -278,3 +278,35 @@ def test_info_and_errors(work, tmp_path):
 
     r = tokenize(directory, "--decode", input_bytes=f"1 2 {info['vocab_size'] + 5}\n".encode(), check=False)
     assert r.returncode == 1 and f"id {info['vocab_size'] + 5}" in r.stderr.decode()
+
+
+@pytest.mark.parametrize("spelling", ["pairs", "strings"])
+def test_duplicate_merges_later_wins_as_in_hf(work, tmp_path, spelling):
+    """A tokenizer.json whose merges list names pairs twice: HF builds its merge map entry by entry,
+    so a later duplicate wins with its later rank. Duplicates of early (high-priority) merges are
+    appended at the end, which demotes them, and duplicates of late merges are put at the front,
+    which changes nothing; our ids must equal HF's on every line, and HF's must differ from the
+    file without duplicates (or the duplicates would prove nothing)."""
+    directory = work["dirs"]["llama3"]
+    spec = json.loads((directory / "tokenizer.json").read_text())
+    merges = spec["model"]["merges"]
+    assert len(merges) > 3000
+    demoted = [list(m) for m in merges[:2000:7]]
+    no_effect = [list(m) for m in merges[-200:]]
+    spec["model"]["merges"] = no_effect + merges + demoted
+    if spelling == "strings":
+        spec["model"]["merges"] = [f"{a} {b}" for a, b in spec["model"]["merges"]]
+    dup = tmp_path / "duplicates"
+    dup.mkdir()
+    (dup / "tokenizer.json").write_text(json.dumps(spec))
+    (dup / "tokenizer_config.json").write_text((directory / "tokenizer_config.json").read_text())
+    hf = Tokenizer.from_file(str(dup / "tokenizer.json"))
+    texts = work["texts"][:4000]
+    expected = [e.ids for e in hf.encode_batch(texts)]
+    original = [e.ids for e in Tokenizer.from_file(str(directory / "tokenizer.json")).encode_batch(texts)]
+    changed = sum(1 for a, b in zip(expected, original) if a != b)
+    assert changed >= 1000, f"the duplicates changed only {changed} of {len(texts)} lines in HF"
+    records = write_records(tmp_path / "lines.bin", work["lines"][:4000])
+    ours = parse_ids(tokenize(dup, "--input", records, "--format", "records", "--threads", 2).stdout)
+    bad = [i for i in range(len(expected)) if ours[i] != expected[i]]
+    assert not bad, f"{len(bad)} of {len(expected)} lines differ from HF; first: line {bad[0]} {texts[bad[0]][:120]!r}"

@@ -139,6 +139,7 @@ std::vector<std::string_view> SplitLines(std::string_view text) {
 
 LineChunks ChunkLines(std::string_view contents, uint64_t chunk_bytes) {
   LineChunks lc;
+  if (contents.starts_with("\xEF\xBB\xBF")) contents.remove_prefix(3);
   lc.lines = SplitLines(contents);
   lc.bounds = ChunkBounds(lc.lines, chunk_bytes);
   lc.bytes.assign(lc.bounds.size() - 1, 0);

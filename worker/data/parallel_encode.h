@@ -54,8 +54,9 @@ absl::StatusOr<EncodedRecords> EncodeRecords(const Tokenizer& tokenizer, std::sp
 // it is not empty. Other bytes ('\r' too) stay.
 std::vector<std::string_view> SplitLines(std::string_view text);
 
-// The lines of a file cut into chunks for RunChunks: chunk c is lines [bounds[c], bounds[c+1]) and
-// adds bytes[c] to the progress bar.
+// The lines of a JSONL file cut into chunks for RunChunks: chunk c is lines [bounds[c], bounds[c+1])
+// and adds bytes[c] to the progress bar. A UTF-8 byte-order mark at the start of the file is not
+// part of its first line (RFC 8259 lets a JSON parser ignore it): a file of only one is empty.
 struct LineChunks {
   std::vector<std::string_view> lines;
   std::vector<size_t> bounds;

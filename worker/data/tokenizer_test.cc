@@ -304,6 +304,33 @@ TEST(Bpe, BothMergeSpellingsLoadAlike) {
   EXPECT_EQ(Ids(*a, "abc ab xab"), Ids(*b, "abc ab xab"));
 }
 
+// A merges list may name a pair twice (tokenizer.json files edited by hand or merged from two
+// sources do): the later entry wins, with its later rank, as HF's BPE builds its merge map
+// (tokenizers 0.23.3: [a b, b c, a b] encodes "abc" as a + bc, and [b c, a b, b c] as ab + c;
+// tests/python/test_tokenizer.py compares a whole file with duplicates against it).
+TEST(Bpe, ALaterDuplicateMergeWinsWithItsRank) {
+  {
+    auto t = Load(MakeTokenizer({{"a", "b"}, {"b", "c"}, {"a", "b"}}, ByteLevelPre(false)));
+    ASSERT_TRUE(t);
+    const uint32_t ab = 256, bc = 257;
+    EXPECT_EQ(t->model().num_merges(), 2u);
+    EXPECT_EQ(Ids(*t, "abc"), (std::vector<uint32_t>{'a', bc}));  // b+c (rank 1) before a+b (rank 2)
+    EXPECT_EQ(Ids(*t, "ab"), std::vector<uint32_t>{ab});          // still a merge
+    std::vector<uint32_t> scan = Bytes("abcab"), heap = Bytes("abcab");
+    t->model().MergeByScan(&scan);
+    t->model().MergeByHeap(&heap);
+    EXPECT_EQ(scan, (std::vector<uint32_t>{'a', bc, ab}));
+    EXPECT_EQ(heap, scan);
+  }
+  {
+    auto t = Load(MakeTokenizer({{"b", "c"}, {"a", "b"}, {"b", "c"}}, ByteLevelPre(false)));
+    ASSERT_TRUE(t);
+    const uint32_t bc = 256, ab = 257;
+    EXPECT_EQ(Ids(*t, "abc"), (std::vector<uint32_t>{ab, 'c'}));
+    EXPECT_EQ(Ids(*t, "bc"), std::vector<uint32_t>{bc});
+  }
+}
+
 TEST(Bpe, LongPiecesTakeTheHeapAndRoundTrip) {
   auto t = Load(MakeTokenizer({{" ", " "}, {"  ", "  "}, {"a", "a"}}, Llama3Pre()));
   ASSERT_TRUE(t);
@@ -589,6 +616,32 @@ TEST(Progress, RendersAndStaysQuietWithoutATerminal) {
   if (!Progress::StderrIsTerminal()) {
     Progress p("tok", 10, true);
     EXPECT_FALSE(p.active());
+  }
+}
+
+
+// tokenizer.json and tokenizer_config.json pretty-printed with CRLF line ends, or saved with a UTF-8
+// byte-order mark, load as the plain files (same ids, same BOS/EOS). (HF's own loader refuses the
+// mark; accepting it costs nothing.)
+TEST(Tokenizer, CrlfAndAByteOrderMarkLoadAsThePlainFiles) {
+  const json j = MakeTokenizer({{"a", "b"}, {"b", "c"}, {"ab", "c"}}, ByteLevelPre(false),
+                               json::array({Added(259, "<s>"), Added(260, "</s>")}));
+  const std::string config = R"({"bos_token": "<s>", "eos_token": "</s>"})";
+  auto crlf = [](const std::string& s) {
+    std::string out;
+    for (char c : s) out += c == '\n' ? std::string("\r\n") : std::string(1, c);
+    return out;
+  };
+  const std::string bom = "\xEF\xBB\xBF";
+  auto plain = Tokenizer::FromJson(j.dump(), config);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  for (const auto& [tj, tc] : {std::pair{crlf(j.dump(2)), crlf(config)}, {bom + j.dump(), bom + config},
+                               {bom + crlf(j.dump(2)), bom + crlf(config)}}) {
+    auto odd = Tokenizer::FromJson(tj, tc);
+    ASSERT_TRUE(odd.ok()) << odd.status();
+    EXPECT_EQ(Ids(**odd, "abc <s>abcabc</s>"), Ids(**plain, "abc <s>abcabc</s>"));
+    EXPECT_EQ((*odd)->bos_id(), (*plain)->bos_id());
+    EXPECT_EQ((*odd)->eos_id(), (*plain)->eos_id());
   }
 }
 
