@@ -2022,6 +2022,7 @@ TEST_F(EndingTest, AJobFailedByTheRestartPolicyCountsOneCompletion) {
 // documented to (each field a different value here, so that no two can be swapped unseen), in its
 // unit; the counters add what the report adds; an idle slot drops the gauges and reads 0 tokens/s.
 TEST_F(EndingTest, EachStepSeriesReadsItsFieldOfTheReportAndGoesWhenTheSlotIsIdle) {
+  cfg_.gpus = 1;  // a GPU slot: the CPU slot exports no GPU series (TheCpuSlotExportsNoGpuSeries)
   Make();
   Submit("metered");
   const LaunchRequest l = StartNext();
@@ -2050,7 +2051,7 @@ TEST_F(EndingTest, EachStepSeriesReadsItsFieldOfTheReportAndGoesWhenTheSlotIsIdl
   };
   ASSERT_TRUE(report(2, 50.0).ok());
   ASSERT_TRUE(report(5, 80.0).ok());  // 3 steps, 384 tokens and 30 J more
-  const std::map<std::string, std::string> sk = {{"slot", "cpu"}, {"kernel_set", "eager"}};
+  const std::map<std::string, std::string> sk = {{"slot", "gpu:0"}, {"kernel_set", "eager"}};
   EXPECT_EQ(Counter("ftd_worker_tokens_per_second", sk), 170.5);
   EXPECT_EQ(Counter("ftd_worker_step_time_seconds", sk), 0.75);
   EXPECT_EQ(Counter("ftd_worker_loss", sk), 2.5);
@@ -2060,12 +2061,12 @@ TEST_F(EndingTest, EachStepSeriesReadsItsFieldOfTheReportAndGoesWhenTheSlotIsIdl
   EXPECT_EQ(Counter("ftd_worker_steps_total", sk), 5);
   EXPECT_EQ(Counter("ftd_worker_energy_joules_total", sk), 80.0);
   EXPECT_EQ(Counter("ftd_worker_joules_per_token", sk), 0.125);
-  EXPECT_EQ(Counter("ftd_worker_peak_memory_bytes", {{"slot", "cpu"}, {"kind", "gpu_allocated"}}), 1000);
-  EXPECT_EQ(Counter("ftd_worker_peak_memory_bytes", {{"slot", "cpu"}, {"kind", "gpu_reserved"}}), 2000);
-  EXPECT_EQ(Counter("ftd_worker_peak_memory_bytes", {{"slot", "cpu"}, {"kind", "host_rss"}}), 3000);
-  EXPECT_EQ(Counter("ftd_worker_power_watts", {{"slot", "cpu"}}), 310.0);
-  EXPECT_EQ(Counter("ftd_worker_gpu_utilization_ratio", {{"slot", "cpu"}}), 0.93);
-  EXPECT_EQ(Counter("ftd_worker_gpu_memory_used_bytes", {{"slot", "cpu"}}), 4000);
+  EXPECT_EQ(Counter("ftd_worker_peak_memory_bytes", {{"slot", "gpu:0"}, {"kind", "gpu_allocated"}}), 1000);
+  EXPECT_EQ(Counter("ftd_worker_peak_memory_bytes", {{"slot", "gpu:0"}, {"kind", "gpu_reserved"}}), 2000);
+  EXPECT_EQ(Counter("ftd_worker_peak_memory_bytes", {{"slot", "gpu:0"}, {"kind", "host_rss"}}), 3000);
+  EXPECT_EQ(Counter("ftd_worker_power_watts", {{"slot", "gpu:0"}}), 310.0);
+  EXPECT_EQ(Counter("ftd_worker_gpu_utilization_ratio", {{"slot", "gpu:0"}}), 0.93);
+  EXPECT_EQ(Counter("ftd_worker_gpu_memory_used_bytes", {{"slot", "gpu:0"}}), 4000);
   ASSERT_TRUE(Report(l, RunResult::SUCCEEDED, "done").ok());
   launcher_->Exit(l, Exited(0));
   EXPECT_EQ(Counter("ftd_worker_tokens_per_second", sk), 0);
