@@ -160,7 +160,7 @@ def test_gpu_margin_gib_is_in_gib(tmp_path):
             else:
                 j = wait_for(lambda: (lambda j: j if j["reason"] == "WAITING_FOR_MEMORY" else None)(get(d, b)), 30,
                              "the second job to wait for memory")
-                assert "(less a margin of 0.3 GiB when shared)" in j["message"], j["message"]
+                assert "(less a margin of 307 MiB when shared)" in j["message"], j["message"]
             for job in (a, b):
                 assert ftctl(d, "cancel", job).returncode == 0
         finally:
@@ -179,11 +179,12 @@ def test_quota_window_and_fair_share_half_life_are_read_as_durations(tmp_path):
         assert ftctl(d, "resume").returncode == 0
         wait_state(d, job, ("RUNNING",))
         message = get(d, queued)["message"]
-        assert "GPU-hours in the last 45 min" in message and "half-life 36 h)" in message, message
+        # A CPU-only daemon speaks of CPU-slot hours (the same quota, the CPU slot's time).
+        assert "CPU-slot hours in the last 45 min" in message and "half-life 36 h)" in message, message
         # the running job is counted up to now: soon over 0.36 GPU-seconds
         over = wait_for(lambda: (lambda p: p if p.returncode == 3 else None)(
             ftctl(d, "submit", "-", "--dry-run", input=json.dumps(TINY))), 30, "the limit to be reached")
-        assert "GPU-hours in the last 45 min, the limit for the user (gpu-hours=0.0001)" in over.stderr, over.stderr
+        assert "CPU-slot hours in the last 45 min, the limit for the user (gpu-hours=0.0001)" in over.stderr, over.stderr
         for j in (job, queued):
             ftctl(d, "cancel", j)
     finally:
@@ -230,3 +231,59 @@ def test_metrics_listen_empty_serves_no_metrics(tmp_path):
             d.metrics()
     finally:
         d.stop()
+
+
+def test_max_connections_per_peer_closes_a_tcp_peers_connections_beyond_it(tmp_path):
+    """`--max-connections-per-peer 3`: a loopback TCP peer's fourth and fifth connections are closed at
+    once, with the flag named in ftd's log, while its first three stay open and another address
+    still connects."""
+    import select
+    import socket
+    d = Daemon(tmp_path, "--max-connections-per-peer", "3")
+    held = []
+    try:
+        for _ in range(5):
+            s = socket.socket()
+            s.bind(("127.0.0.2", 0))
+            s.connect(("127.0.0.1", d.port))
+            held.append(s)
+
+        def closed(s, timeout):
+            r, _, _ = select.select([s], [], [], timeout)
+            if not r:
+                return False
+            try:
+                return s.recv(1) == b""
+            except ConnectionResetError:
+                return True
+
+        wait_for(lambda: "--max-connections-per-peer 3" in d.read_log(), 20 * TIME_FACTOR,
+                 "ftd to refuse 127.0.0.2's fourth connection")
+        assert [closed(s, 2.0) for s in held[3:]] == [True, True]
+        assert [closed(s, 0.2) for s in held[:3]] == [False, False, False]
+        other = socket.create_connection(("127.0.0.1", d.port))
+        assert not closed(other, 0.2)
+        other.close()
+        assert "ipv4:127.0.0.2 has 3 connections open" in d.read_log(), d.read_log()[-2000:]
+    finally:
+        for s in held:
+            s.close()
+        d.stop()
+
+
+def test_pid_file_holds_the_serving_daemons_pid_and_goes_when_it_stops(tmp_path):
+    """`--pid-file P`: P holds the pid of the ftd that serves, once it serves, and is removed when that
+    ftd stops; a pid file another process has since written is left alone."""
+    pid_file = tmp_path / "ftd.pid"
+    d = Daemon(tmp_path, "--pid-file", str(pid_file))
+    try:
+        assert pid_file.read_text() == f"{d.proc.pid}\n"
+    finally:
+        d.stop()
+    assert d.proc.returncode == 0 and not pid_file.exists()
+    d.start()
+    try:
+        pid_file.write_text("12345\n")  # another ftd's, say, written after this one started
+    finally:
+        d.stop()
+    assert pid_file.read_text() == "12345\n"
