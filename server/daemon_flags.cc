@@ -12,9 +12,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "proto/endpoints.h"
-#include "server/auth.h"
-#include "server/auth_store.h"
-#include "server/clock.h"
+#include "server/auth/auth.h"
+#include "server/auth/auth_store.h"
+#include "server/common/clock.h"
 #include "spec/duration.h"
 
 namespace ftd::server {

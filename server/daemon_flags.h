@@ -11,12 +11,12 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/status/statusor.h"
-#include "server/call_limits.h"
-#include "server/connection_limits.h"
-#include "server/listen_config.h"
-#include "server/offline_tokens.h"
-#include "server/quotas.h"
-#include "server/worker_launcher.h"
+#include "server/auth/call_limits.h"
+#include "server/auth/connection_limits.h"
+#include "server/api/listen_config.h"
+#include "server/auth/offline_tokens.h"
+#include "server/policy/quotas.h"
+#include "server/executors/local/worker_launcher.h"
 #include "spec/sandbox.h"
 
 namespace ftd::server {

@@ -29,25 +29,25 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "build_commit.h"
-#include "server/admin_service.h"
-#include "server/auth.h"
-#include "server/auth_store.h"
+#include "server/api/admin_service.h"
+#include "server/auth/auth.h"
+#include "server/auth/auth_store.h"
 #include "server/daemon_flags.h"
 #include "server/data_dir.h"
-#include "server/filesystem_info.h"
+#include "server/common/filesystem_info.h"
 #include "server/gpu_probe.h"
-#include "server/handshake_log.h"
-#include "server/job_manager.h"
-#include "server/log.h"
-#include "server/memory_fit.h"
-#include "server/listen_config.h"
-#include "server/metrics.h"
+#include "server/api/handshake_log.h"
+#include "server/jobs/job_manager.h"
+#include "server/common/log.h"
+#include "server/policy/memory_fit.h"
+#include "server/api/listen_config.h"
+#include "server/jobs/metrics.h"
 #include "server/process_metrics.h"
-#include "server/service.h"
-#include "server/store.h"
-#include "server/tcp_listener.h"
-#include "server/worker_cgroups.h"
-#include "server/worker_launcher.h"
+#include "server/api/service.h"
+#include "server/store/store.h"
+#include "server/api/tcp_listener.h"
+#include "server/executors/local/worker_cgroups.h"
+#include "server/executors/local/worker_launcher.h"
 
 namespace fs = std::filesystem;
 using ftd::server::FtdLog;
@@ -210,7 +210,7 @@ int main(int argc, char** argv) {
     FtdLog() << creds.status().message();
     return 1;
   }
-  // ftd accepts TCP connections itself (server/tcp_listener.h) and hands them to gRPC, which does the
+  // ftd accepts TCP connections itself (server/api/tcp_listener.h) and hands them to gRPC, which does the
   // TLS handshake: a connection that has not finished it (and the HTTP/2 preface) within the
   // handshake timeout is closed, and one with no call open for the idle timeout (one that never
   // made a call included) too, on either listener.

@@ -1,6 +1,6 @@
 // What makes a line of a JSONL dataset a usable example (docs/data-format.md): the one set of rules
 // that both the worker, which tokenizes the file (worker/data/dataset.h), and ftd, which checks
-// a prefix of it at submit (server/input_contents.h), apply. No tokenizer, no LibTorch, no
+// a prefix of it at submit (server/requests/input_contents.h), apply. No tokenizer, no LibTorch, no
 // protobuf: the line's JSON object and its fields, checked by the layout data.format names.
 #pragma once
 

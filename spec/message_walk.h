@@ -1,5 +1,5 @@
 // One walk over a protobuf message by reflection, for the checks that must cover every field,
-// including fields added to the protos later (spec/message_check.h, server/request_limits.h).
+// including fields added to the protos later (spec/message_check.h, server/requests/request_limits.h).
 // Visits the set fields of a message and of every message below it, depth-first in field-number
 // order, each with its path below `root`: "spec.optimizer.eps", "spec.lora.target_modules[1]".
 // A map entry's key and value are named after the map: "spec.kernels key", "spec.kernels value".

@@ -1,9 +1,9 @@
 // How a run ended, defined once. Each row: the enumerator, its name (the name of the matching
 // ftd.v1.RunResult.Outcome value, which ToRunResult maps by, and the "outcome" of a standalone
 // run's result line) and ftd-worker's exit code for it. The daemon decides a job's reason from the
-// reported RunResult (server/exit_classification.h: one exit rule per outcome).
+// reported RunResult (server/policy/exit_classification.h: one exit rule per outcome).
 // A new outcome: one row here, one value in RunResult.Outcome (proto/ftd/v1/job_spec.proto), one
-// exit rule and reason in server/exit_classification.h; tests fail until all three exist.
+// exit rule and reason in server/policy/exit_classification.h; tests fail until all three exist.
 // No LibTorch, no protobuf.
 #pragma once
 

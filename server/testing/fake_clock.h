@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "server/clock.h"
+#include "server/common/clock.h"
 
 namespace ftd::server::testing {
 

@@ -23,12 +23,12 @@
 #include "absl/status/status.h"
 #include "ftd/v1/jobs.pb.h"
 #include "google/protobuf/stubs/logging.h"
-#include "server/clock.h"
-#include "server/job_manager.h"
-#include "server/metrics.h"
-#include "server/parsed_service.h"
-#include "server/store.h"
-#include "server/worker_launcher.h"
+#include "server/common/clock.h"
+#include "server/jobs/job_manager.h"
+#include "server/jobs/metrics.h"
+#include "server/api/parsed_service.h"
+#include "server/store/store.h"
+#include "server/executors/local/worker_launcher.h"
 #include "spec/spec.h"
 
 namespace {

@@ -36,7 +36,8 @@ FORBIDDEN = {
     "ftd_spec": {WORKER, SERVER, CLIENT, KERNELS, TORCH},
     "ftd_client": {WORKER, SERVER, KERNELS, TORCH},
     "ftctl": {WORKER, SERVER, KERNELS, TORCH},
-    "ftd_server": {WORKER, CLIENT, KERNELS, TORCH},
+    **{lib: {WORKER, CLIENT, KERNELS, TORCH} for lib in ("ftd_server_common", "ftd_store", "ftd_auth", "ftd_requests",
+                                                           "ftd_executor_local", "ftd_policy", "ftd_jobs", "ftd_api")},
     "ftd_daemon": {WORKER, CLIENT, KERNELS, TORCH},
     "ftd": {WORKER, CLIENT, KERNELS, TORCH},
     "ftd_engine_core": {SERVER, CLIENT, PROTO_GEN},
@@ -49,6 +50,41 @@ FORBIDDEN = {
     "ftd_dir_tree": {WORKER, SERVER, CLIENT, KERNELS, SPEC, TORCH, PROTO_GEN},
 }
 OPTIONAL = {"ftd_kernels"}  # built only where nvcc is present
+
+# Inside server/: the folders each one's library sits on (docs/architecture.md's picture). A library's
+# translation units may include headers of its own folder and of the folders below it, transitively;
+# executors/ itself holds what every executor shares (exit_status.h).
+SERVER_BELOW = {
+    "common": set(),
+    "store": {"common"},
+    "auth": {"common"},
+    "requests": {"common"},
+    "executors": set(),
+    "executors/local": {"executors", "store", "common"},
+    "policy": {"executors", "common"},
+    "jobs": {"policy", "requests", "executors/local", "store", "common"},
+    "api": {"jobs", "auth", "requests", "common"},
+}
+SERVER_LIB = {"ftd_server_common": "common", "ftd_store": "store", "ftd_auth": "auth", "ftd_requests": "requests",
+              "ftd_executor_local": "executors/local", "ftd_policy": "policy", "ftd_jobs": "jobs", "ftd_api": "api"}
+
+
+def below(folder):
+    out, todo = set(), [folder]
+    while todo:
+        f = todo.pop()
+        if f not in out:
+            out.add(f)
+            todo.extend(SERVER_BELOW[f])
+    return out
+
+
+def server_folder(rel):
+    """server/jobs/job_manager.h -> "jobs"; server/executors/local/x.h -> "executors/local"; server/x.h -> "server"."""
+    parts = rel.split("/")[1:-1]
+    if not parts:
+        return "server"
+    return "/".join(parts[:2]) if parts[0] == "executors" and len(parts) > 1 else parts[0]
 
 pytestmark = pytest.mark.skipif(not (BUILD / "build.ninja").exists() or NINJA is None,
                                 reason=f"needs a Ninja build in {BUILD}")
@@ -125,3 +161,33 @@ def test_no_translation_unit_includes_a_layer_it_must_not():
                 violations.append(f"{source} ({target}) includes {cls} header {h}")
     assert not violations, "\n".join(violations[:40])
     assert set(FORBIDDEN) - OPTIONAL <= seen, f"no recorded dependencies for {set(FORBIDDEN) - OPTIONAL - seen}"
+
+
+def test_the_servers_folders_include_only_the_folders_below_them():
+    """Inside server/, the arrows run one way: no folder's library includes a header of a folder above
+    or beside it (jobs -> policy, never policy -> jobs), nor of server/ itself (main's flags, start-up)."""
+    deps = recorded_deps()
+    seen, violations = set(), []
+    for obj, (target, headers) in sorted(deps.items()):
+        folder = SERVER_LIB.get(target)
+        if folder is None or not headers:
+            continue
+        seen.add(target)
+        allowed = below(folder)
+        for h in headers[1:]:
+            try:
+                rel = Path(h).relative_to(ROOT).as_posix()
+            except ValueError:
+                continue
+            if rel.startswith(SERVER) and server_folder(rel) not in allowed:
+                violations.append(f"{obj} ({target}, server/{folder}) includes {rel}")
+    assert not violations, "\n".join(violations[:40])
+    assert set(SERVER_LIB) <= seen, f"no recorded dependencies for {set(SERVER_LIB) - seen}"
+
+
+def test_the_folder_check_finds_an_arrow_the_wrong_way():
+    # The check above can fail: a policy header including the job manager is outside policy's folders.
+    assert server_folder("server/jobs/job_manager.h") not in below("policy")
+    assert server_folder("server/executors/local/worker_launcher.h") in below("jobs")
+    assert server_folder("server/executors/exit_status.h") == "executors"
+    assert server_folder("server/daemon_flags.h") not in below("api")
