@@ -22,7 +22,7 @@ using ftd::v1::Job;
 using ftd::v1::JobEvent;
 using ftd::v1::RunResult;
 
-JobManager::JobManager(ManagerConfig cfg, Store* store, Metrics* metrics, WorkerLauncher* launcher,
+JobManager::JobManager(ManagerConfig cfg, Store* store, Metrics* metrics, Executor* launcher,
                        const Clock* clock)
     : cfg_(std::move(cfg)), store_(store), metrics_(metrics), launcher_(launcher), clock_(clock), paused_(cfg_.paused) {
   if (cfg_.gpus > 0) {

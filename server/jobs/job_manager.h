@@ -2,7 +2,7 @@
 // attempts in agreement. Each concern it uses is a piece of its own:
 //   JobQueue (job_queue.h)             queued jobs in order, positions in O(log n)
 //   Schedule (scheduling_policy.h)     which queued jobs start now, on which slot
-//   WorkerLauncher (worker_launcher.h) starting and stopping workers; tells when one is gone
+//   Executor (executor.h)           where attempts run: start, stop, how they ended
 //   Classify (exit_classification.h)   how an attempt ended -> reason, retry or final state
 //   AppendStateEvents (job_events.h)   what a state change writes to the event log
 //   EventHub (event_hub.h)             wakes a job's watchers on new events
@@ -49,7 +49,7 @@
 #include "server/policy/scheduling_policy.h"
 #include "server/store/store.h"
 #include "server/policy/usage_ledger.h"
-#include "server/executors/local/worker_launcher.h"
+#include "server/executors/executor.h"
 #include "spec/sandbox.h"
 
 namespace ftd::server {
@@ -105,7 +105,7 @@ struct PruneFilter {
 class JobManager {
  public:
   // `store`, `metrics`, `launcher` and `clock` outlive the manager.
-  JobManager(ManagerConfig cfg, Store* store, Metrics* metrics, WorkerLauncher* launcher, const Clock* clock);
+  JobManager(ManagerConfig cfg, Store* store, Metrics* metrics, Executor* launcher, const Clock* clock);
   ~JobManager();
 
   // Applies the restart policy to jobs a previous daemon left RUNNING and loads the queue from the
@@ -271,7 +271,7 @@ class JobManager {
   const ManagerConfig cfg_;
   Store* const store_;
   Metrics* const metrics_;
-  WorkerLauncher* const launcher_;
+  Executor* const launcher_;
   const Clock* const clock_;
   std::vector<std::string> slots_;
   std::vector<int> slot_gpu_;  // each slot's GPU (-1: the CPU)

@@ -4,6 +4,7 @@
 // quota, then the insert with the queue limits in its transaction; a request id seen before returns
 // its job. validate_only answers with the placement instead. Resubmit builds a new request from a
 // finished job, and with resume stages a copy of its newest checkpoint for the new job.
+#include "server/common/local_users.h"
 #include "server/jobs/job_manager.h"
 
 #include <filesystem>

@@ -36,7 +36,7 @@ using ftd::v1::RunResult;
 using testing::FakeClock;
 
 // Starts nothing: records what it was asked, hands out made-up pids, and lets the test end workers.
-class FakeLauncher final : public WorkerLauncher {
+class FakeLauncher final : public Executor {
  public:
   void SetExitHandler(ExitHandler h) override {
     std::lock_guard<std::mutex> l(mu);

@@ -28,15 +28,15 @@
 #include "server/jobs/metrics.h"
 #include "server/api/parsed_service.h"
 #include "server/store/store.h"
-#include "server/executors/local/worker_launcher.h"
+#include "server/executors/executor.h"
 #include "spec/spec.h"
 
 namespace {
 
-using ftd::server::WorkerLauncher;
+using ftd::server::Executor;
 
 // Jobs stay queued: the scheduler is never started, so nothing is launched.
-class NoWorkers final : public WorkerLauncher {
+class NoWorkers final : public Executor {
  public:
   void SetExitHandler(ExitHandler) override {}
   absl::StatusOr<int64_t> Launch(const ftd::server::LaunchRequest&) override {

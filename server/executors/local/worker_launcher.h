@@ -1,6 +1,5 @@
-// Starting and stopping worker processes, behind an interface: the job manager asks for an attempt to
-// be launched and is told when its worker is gone. ProcessLauncher runs `ftd-worker agent` through
-// the Supervisor; tests inject a launcher that starts nothing.
+// This host's executor (executors/executor.h): ProcessLauncher runs `ftd-worker agent` for each
+// attempt's ranks through the Supervisor, and says how they ended.
 #pragma once
 
 #include <sys/types.h>
@@ -18,6 +17,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "server/common/local_users.h"
+#include "server/executors/executor.h"
 #include "server/executors/exit_status.h"
 #include "server/executors/local/worker_cgroups.h"
 
@@ -27,58 +28,6 @@ class Supervisor;
 
 // The environment variable that carries the attempt's token to the worker (never its command line).
 inline constexpr char kAttemptTokenEnv[] = "FTD_ATTEMPT_TOKEN";
-
-struct LaunchRequest {
-  std::string job_id;
-  int attempt = 0;
-  std::string token;  // the attempt's secret, checked on every worker message
-  std::string slot;   // "gpu:N", "gpu:N/k" (one of several jobs on GPU N) or "cpu"
-  int gpu = -1;       // the CUDA device it runs on (CUDA_VISIBLE_DEVICES); -1: none
-  std::vector<std::string> more_slots;  // gpus > 1: the job's other GPUs' slots
-  std::vector<int> more_gpus;           // and their CUDA devices, in the same order
-  int ranks = 1;      // worker processes (spec.gpus), rank 0 first; one process group, one exit
-  std::optional<uid_t> owner_uid = std::nullopt;  // Job.owner_uid: the local owner's uid, when known
-};
-
-// How a worker is asked to stop: SIGTERM, write a checkpoint and stop (drain, cancel --checkpoint);
-// SIGUSR1, stop at the next step boundary without one (a plain cancel).
-enum class StopMode { kCheckpoint, kNoCheckpoint };
-
-class WorkerLauncher {
- public:
-  // Called once per launched attempt when its worker has ended (from a thread of the launcher's).
-  using ExitHandler = std::function<void(const std::string& job_id, int attempt, ExitStatus)>;
-  virtual ~WorkerLauncher() = default;
-
-  // Set before the first Launch; nullptr detaches (returning once no call is in flight).
-  virtual void SetExitHandler(ExitHandler handler) = 0;
-  // Starts the attempt's worker; returns its process id (also its process group's).
-  virtual absl::StatusOr<int64_t> Launch(const LaunchRequest& req) = 0;
-  // Asks the worker to stop (a signal to its group, as `mode` says), killing it after `grace`.
-  virtual void Stop(int64_t pid, std::chrono::milliseconds grace, StopMode mode) = 0;
-  // A stopping worker showed progress: its kill comes no sooner than `grace` from now.
-  virtual void Postpone(int64_t pid, std::chrono::milliseconds grace) = 0;
-  // Kills the worker's process group now.
-  virtual void Kill(int64_t pid) = 0;
-  // A worker a previous daemon started for `job_id` (its pid from the store) may still run: kill its
-  // group if that process is such a worker.
-  virtual void KillOrphan(int64_t pid, const std::string& job_id) = 0;
-};
-
-// The unprivileged user workers run as (ftd --worker-user), as the password database has it.
-struct WorkerUser {
-  std::string name;
-  uid_t uid = 0;
-  gid_t gid = 0;
-  std::vector<gid_t> groups;  // its supplementary groups (its primary one included)
-  std::string home;
-};
-
-// `name`'s entry. A daemon that is not root cannot switch users: refused, saying so.
-absl::StatusOr<WorkerUser> LookUpWorkerUser(const std::string& name);
-// The entry of a job owner's uid (--workers-as-owner): FAILED_PRECONDITION for root or a uid the
-// password database does not know.
-absl::StatusOr<WorkerUser> LookUpOwner(uid_t uid);
 
 struct ProcessLauncherConfig {
   std::string worker_binary;   // ftd-worker (or a test double speaking its protocol)
@@ -102,7 +51,7 @@ struct ProcessLauncherConfig {
 // With `user`, the job's directory (and all in it) is given to that user before the worker starts,
 // and the worker runs as it, with its HOME; with `as_owner`, a job with an owner_uid gets its
 // owner instead.
-class ProcessLauncher final : public WorkerLauncher {
+class ProcessLauncher final : public Executor {
  public:
   explicit ProcessLauncher(ProcessLauncherConfig cfg);
   ~ProcessLauncher() override;
