@@ -22,7 +22,7 @@ With --build and --trace-dir, each PROFILE job's trace is also downloaded and br
 
 Every op row is mapped by CATEGORY_RULES, in order, first match wins: on the op's name (a LibTorch op,
 one of ftd's kernels, or a device kernel no op claimed) and on the category ftd's profiler gave it
-(worker/engine/profiler.cc). The cross-entropy row is the fused linear cross-entropy's own kernels;
+(worker/engine/training/profiler.cc). The cross-entropy row is the fused linear cross-entropy's own kernels;
 its logits GEMMs count as GEMM.
 """
 import argparse

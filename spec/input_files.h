@@ -2,7 +2,7 @@
 // is of the wrong type (a FIFO, a device, a socket, a directory where a file is expected, or a file
 // where a directory is) is refused at submission, naming the field. Reading a FIFO with no writer
 // would block the worker's training thread forever. The worker checks again when it opens each
-// file (worker/engine/fs_util.h), since a path can change between submission and the run. An input
+// file (worker/engine/core/fs_util.h), since a path can change between submission and the run. An input
 // that does not exist is refused too: it would fail the job only after its wait in the queue.
 // Outputs that do not exist yet (the worker makes them), inputs the daemon may not look at, and
 // relative paths (resolved where the worker runs) are left to the worker's check. No protobuf, no

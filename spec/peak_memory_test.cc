@@ -254,7 +254,7 @@ TEST(PeakMemory, Fp32MasterWeightsWithShardedStateKeepTheirShareOnEachRank) {
 }
 
 // LibTorch's AdamW (the eager adamw op) takes an fp32 copy of each bf16 gradient to update the fp32
-// masters from (worker/engine/optimizer.cc): 4 more bytes per parameter it updates at the step, for
+// masters from (worker/engine/training/optimizer.cc): 4 more bytes per parameter it updates at the step, for
 // the rank's share under ZeRO-1; the fused kernel reads the bf16 gradients.
 TEST(PeakMemory, EagerAdamWWithFp32MastersHoldsFp32GradientsAtTheStep) {
   const auto m = *PresetLlamaConfig("llama-3.1-8b");

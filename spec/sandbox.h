@@ -5,7 +5,7 @@
 // read-only roots ("/srv/models", "/srv/datasets"). A relative path is taken against the user's root;
 // `..` and symbolic links are followed (the longest existing prefix is resolved by the kernel, the
 // rest lexically, until nothing changes); the resolved path is what the job stores and the worker
-// opens (confined again there, at open time: worker/engine/fs_util.h). Inputs may lie under any
+// opens (confined again there, at open time: worker/engine/core/fs_util.h). Inputs may lie under any
 // root and must exist; outputs (checkpoint.dir, data.cache_dir) only under the user's own root.
 // Without roots nothing is confined (the single-user default).
 #pragma once

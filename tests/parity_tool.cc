@@ -13,10 +13,10 @@
 
 #include "absl/strings/match.h"
 #include "nlohmann/json.hpp"
-#include "worker/engine/token_data.h"
+#include "worker/engine/core/token_data.h"
 
-#include "worker/engine/model.h"
-#include "worker/engine/safetensors.h"
+#include "worker/engine/model/model.h"
+#include "worker/engine/core/safetensors.h"
 #include "worker/engine/torch_util.h"
 
 using namespace ftd::engine;

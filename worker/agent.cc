@@ -8,7 +8,7 @@
 #include "worker/data/confined_open.h"
 #include "worker/data/dataset_cache.h"
 #include "worker/engine/engine.h"
-#include "worker/engine/fs_util.h"
+#include "worker/engine/core/fs_util.h"
 #include "spec/spec.h"
 #include "worker/reports.h"
 

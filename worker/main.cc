@@ -23,7 +23,7 @@
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
 #include "worker/engine/engine.h"
-#include "worker/engine/token_data.h"
+#include "worker/engine/core/token_data.h"
 #include "worker/agent.h"
 #include "spec/profile_table.h"
 #include "spec/proto_json.h"

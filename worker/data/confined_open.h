@@ -1,5 +1,5 @@
 // Confinement of the worker's opens to the job's directories. Torch-free and protobuf-free, below
-// the tokenizer and the dataset cache, so that they and the engine's files (worker/engine/fs_util.h)
+// the tokenizer and the dataset cache, so that they and the engine's files (worker/engine/core/fs_util.h)
 // open through the same roots.
 //
 // Once set, every open through OpenConfined of an absolute path happens beneath the root directory

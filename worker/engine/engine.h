@@ -13,8 +13,8 @@
 #include <utility>
 #include <vector>
 
-#include "worker/engine/gpu_monitor.h"
-#include "worker/engine/progress.h"
+#include "worker/engine/core/gpu_monitor.h"
+#include "worker/engine/core/progress.h"
 #include "worker/engine/spec_types.h"
 
 namespace ftd::engine {

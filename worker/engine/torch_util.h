@@ -12,9 +12,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "worker/engine/fs_util.h"
-#include "worker/engine/progress.h"
-#include "worker/engine/safetensors.h"
+#include "worker/engine/core/fs_util.h"
+#include "worker/engine/core/progress.h"
+#include "worker/engine/core/safetensors.h"
 
 namespace ftd::engine {
 
