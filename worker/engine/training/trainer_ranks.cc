@@ -32,7 +32,9 @@ bool TrainingRun::SetupRanks(const std::vector<torch::Tensor>& trainable) {
                              "): set optimizer.shard_grads false, or rebuild with NCCL (docs/distributed.md)"));
   }
   const int64_t bucket_bytes = rank_.bucket_mib > 0 ? int64_t{rank_.bucket_mib} << 20 : GradReducer::kBucketBytes;
-  const bool in_place = !rank_.flat_reduce && !shard_grads();
+  // In place is c10d allreduce_coalesced: NCCL on GPUs, Gloo on CPU tensors (tested). GPU tensors on
+  // Gloo (a build without NCCL) keep the flat bucket, the path Gloo's plain allreduce stages to the host.
+  const bool in_place = !rank_.flat_reduce && !shard_grads() && (ranks_->backend_name() == "nccl" || !device_.is_cuda());
   reducer_ = std::make_unique<GradReducer>(*ranks_, trainable, bucket_bytes,
                                            shard_grads() ? owner_ : std::vector<int>{}, in_place);
   Log(absl::StrCat(ranks_->backend_name(), ": ", reducer_->num_buckets(), " gradient buckets of about ",
