@@ -60,6 +60,12 @@ def local_users():
                 time.sleep(0.1)
         else:
             pytest.fail(f"could not create the local user {u} with useradd")
+    # The local users run the checkout's ftctl: every directory above it must let others through.
+    for d in Path(FTCTL).resolve().parents:
+        if not os.stat(d).st_mode & 0o001:
+            pytest.fail(f"the local users {ALICE} and {BOB} cannot reach {FTCTL}: {d} is mode "
+                        f"{os.stat(d).st_mode & 0o777:o}, without search (x) for others; chmod o+x it, or clone "
+                        "the checkout into a directory other users can search")
     yield
 
 
